@@ -1,0 +1,46 @@
+# The two commands a newcomer needs: `make lab` and `make test`.
+# Both create .venv with the Python on PATH (3.10 or newer) and install what is needed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch to install if the venv has none. The default lets pip choose (a CUDA build on
+# Linux); CI pins a CPU wheel with `make test TORCH=torch==2.13.0`.
+TORCH ?= torch>=2.4
+# Extra arguments, e.g. `make lab LAB_ARGS="--no-browser --port 8899"`.
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+OUT ?= bench/results
+
+# JupyterLab refuses to start as root unless told it may (containers often run as root).
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+.PHONY: lab test lint gpu-check clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rooflab needs Python 3.10+"'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[lab,dev]"
+	$(BIN)/rooflab doctor
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# On a GPU machine: the GPU tests, then this card's ceilings as JSON under $(OUT).
+gpu-check:
+	python3 -m pytest -m gpu -q
+	python3 -m rooflab.autograder.cli roofline --json $(OUT)/ceilings.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,36 @@
+"""rooflab's autograder: is the kernel correct, and how close does it run to the roofline?
+
+    from rooflab.autograder import check
+    check("coalescing/vector_add", my_vector_add)
+
+Importing this package is enough to make Triton kernels defined *afterwards* run on a
+machine without a GPU (in Triton's interpreter): do it at the top of a notebook or test.
+"""
+
+from . import device as _device
+
+_device.enable_interpreter_if_no_gpu()
+
+from . import versions as _versions  # noqa: E402
+
+_versions.warn_if_broken()
+
+from .device import current as current_device  # noqa: E402
+from .engine import check  # noqa: E402
+from .problem import Case, Cost, Levels, Problem, Tolerance, all_problems, register  # noqa: E402
+from .problem import get as get_problem  # noqa: E402
+from .result import CheckResult  # noqa: E402
+
+__all__ = [
+    "Case",
+    "CheckResult",
+    "Cost",
+    "Levels",
+    "Problem",
+    "Tolerance",
+    "all_problems",
+    "check",
+    "current_device",
+    "get_problem",
+    "register",
+]

@@ -1,0 +1,159 @@
+"""The ``rooflab`` command: a thin shell over functions a notebook can call too.
+
+    rooflab doctor                       versions, GPU or interpreter, known-bad combinations
+    rooflab list                         the problems and their signatures
+    rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error)
+    rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# Importing the autograder switches on the interpreter before any learner kernel exists.
+from . import datasheet, device, problem, roofline, versions
+from .engine import check
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def load_function(spec: str) -> Callable:
+    """``path/to/file.py:func`` or ``package.module:func`` -> the function."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise UsageError(f"expected FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise UsageError(f"no such file: {target}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.parent.resolve()))
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as error:
+            if error.name and target.startswith(error.name):
+                raise UsageError(f"no module named {target!r}") from None
+            raise
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise UsageError(f"{target} has no function {name!r}")
+    return function
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    dev = device.current()
+    found = versions.installed()
+    for name, found_version in found.items():
+        print(f"{name:>14}  {found_version or '-'}")
+    print(f"{'mode':>14}  {dev.mode}")
+    if dev.is_gpu:
+        print(f"{'driver':>14}  {dev.driver}   SMs {dev.sm_count}   L2 {dev.l2_bytes >> 20} MiB")
+    problems = versions.known_problems(found)
+    for line in problems:
+        print(f"PROBLEM: {line}")
+    if not problems:
+        print("OK: no known-bad combination")
+    return EXIT_FAIL if problems else EXIT_PASS
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    for spec in problem.all_problems():
+        print(f"{spec.id:<24} {spec.title}")
+        print(f"{'':<24} {spec.signature}")
+    return EXIT_PASS
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        spec = problem.get(args.problem)
+    except KeyError as error:
+        raise UsageError(error.args[0]) from None
+    function = load_function(args.function)
+    result = check(spec, function, seed=args.seed, show=False, raise_on_failure=False)
+    print(result.message() if not result.passed or args.verbose else result.line)
+    return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _print_ceilings(rows: list[roofline.Ceilings]) -> None:
+    dtypes = ["fp32", "tf32", "fp16", "bf16"]
+    print(f"{'':<34}{'GB/s':>8}" + "".join(f"{d + ' TFLOP/s':>14}" for d in dtypes))
+    for c in rows:
+        peaks = "".join(f"{c.flops[d] / 1e12:>14.1f}" if d in c.flops else f"{'-':>14}"
+                        for d in dtypes)
+        print(f"{c.label:<34}{c.bandwidth / 1e9:>8.0f}{peaks}")
+
+
+def cmd_roofline(args: argparse.Namespace) -> int:
+    dev = device.current()
+    print(dev.mode)
+    if dev.is_gpu:
+        measured = roofline.ceilings(remeasure=args.remeasure)
+        beside = roofline.datasheet_for(dev)
+        _print_ceilings([measured] + ([beside] if beside else []))
+        if beside is None:
+            print(f"(no datasheet entry for {dev.name})")
+        print(f"cached in {roofline.cache_path(dev)}")
+    else:
+        measured = None
+        beside = roofline.from_datasheet(args.card)
+        print(f"Nothing measured: no GPU here. Datasheet of {beside.device}, for reference:")
+        _print_ceilings([beside])
+    if args.html:
+        from .plot import roofline_figure
+
+        figure = roofline_figure(measured or beside, beside=beside if measured else None)
+        figure.write_html(args.html, include_plotlyjs="cdn")
+        print(f"wrote {args.html}")
+    return EXIT_PASS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rooflab", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    commands.add_parser("doctor", help="versions, mode and known-bad combinations")
+    commands.add_parser("list", help="list the problems")
+
+    p = commands.add_parser("check", help="grade a function on a problem")
+    p.add_argument("problem", help='problem id, e.g. "coalescing/vector_add"')
+    p.add_argument("function", help="FILE.py:FUNCTION or MODULE:FUNCTION")
+    p.add_argument("--seed", type=int, default=None, help="repeat the inputs of an earlier run")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every case")
+
+    p = commands.add_parser("roofline", help="this device's ceilings (measured on a GPU)")
+    p.add_argument("--remeasure", action="store_true", help="ignore the cache and measure")
+    p.add_argument("--card", default=datasheet.DEFAULT_CARD,
+                   help=f"datasheet to show on a CPU (one of: {', '.join(datasheet.CARDS)})")
+    p.add_argument("--html", metavar="FILE", help="also write the roofline plot as HTML")
+    return parser
+
+
+COMMANDS = {"doctor": cmd_doctor, "list": cmd_list, "check": cmd_check,
+            "roofline": cmd_roofline}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as error:
+        print(f"rooflab {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

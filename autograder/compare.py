@@ -1,0 +1,116 @@
+"""Compare one output with the float64 reference and say precisely what is wrong."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import poison
+from .problem import Tolerance, dtype_name
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    rel_error: float = float("nan")
+    max_elem_error: float = float("nan")
+    worst_index: tuple[int, ...] | None = None
+    cause: str = ""  # empty when ok; otherwise what is wrong, in words
+
+    @property
+    def summary(self) -> str:
+        if self.cause:
+            return self.cause
+        return f"rel error {self.rel_error:.2e}, worst element {self.max_elem_error:.2e}"
+
+
+def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size if size else 0)
+        flat = flat // size if size else 0
+    return tuple(reversed(index))
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    flat = int(mask.reshape(-1).nonzero()[0, 0])
+    return _index(flat, mask.shape)
+
+
+def compare(
+    out: object,
+    ref: torch.Tensor,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    tolerance: Tolerance,
+    name: str = "output",
+) -> Comparison:
+    """Check type, shape, dtype, device, unwritten elements, NaN/inf, then error norms."""
+    if not isinstance(out, torch.Tensor):
+        return Comparison(False, cause=f"{name}: returned {type(out).__name__}, expected a "
+                                        "torch.Tensor (did you forget to return it?)")
+    if tuple(out.shape) != tuple(ref.shape):
+        return Comparison(False, cause=f"{name}: shape {tuple(out.shape)}, expected "
+                                        f"{tuple(ref.shape)}")
+    if out.dtype != dtype:
+        return Comparison(False, cause=f"{name}: dtype {dtype_name(out.dtype)}, expected "
+                                        f"{dtype_name(dtype)}")
+    if out.device.type != device.type:
+        return Comparison(False, cause=f"{name}: on device {out.device}, expected {device}")
+    if out.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+
+    unwritten = poison.unwritten_mask(out)
+    if bool(unwritten.any()):
+        count = int(unwritten.sum())
+        return Comparison(
+            False,
+            worst_index=_first(unwritten),
+            cause=f"{name}: {count} of {out.numel()} elements were never written, "
+            f"first at index {_first(unwritten)} (a missing tail, mask or program?)",
+        )
+
+    got = out.detach().to("cpu", torch.float64)
+    want = ref.detach().to("cpu", torch.float64)
+    # Where the exact answer overflows the output dtype, inf (or NaN) is the right answer.
+    want_rounded = want.to(dtype).to(torch.float64)
+    finite = torch.isfinite(want_rounded)
+    bad = ~torch.isfinite(got) & finite
+    if bool(bad.any()):
+        where = _first(bad)
+        return Comparison(
+            False,
+            worst_index=where,
+            cause=f"{name}: {int(bad.sum())} NaN/inf values where the reference is finite, "
+            f"first at {where} (got {got[where].item()}, expected {want[where].item():.6g}); "
+            "an overflow, or a read of memory that was never written?",
+        )
+    special = ~finite & ~(got == want_rounded) & ~(got.isnan() & want_rounded.isnan())
+    if bool(special.any()):
+        where = _first(special)
+        return Comparison(False, worst_index=where,
+                          cause=f"{name}: at {where} got {got[where].item()}, expected "
+                          f"{want_rounded[where].item()} (the exact answer overflows "
+                          f"{dtype_name(dtype)})")
+    g, w = got[finite], want[finite]
+    diff = (g - w).abs()
+    ref_norm = float(torch.linalg.vector_norm(w))
+    diff_norm = float(torch.linalg.vector_norm(diff))
+    rel = diff_norm / ref_norm if ref_norm > 0 else diff_norm
+    rms = ref_norm / max(w.numel(), 1) ** 0.5
+    elem_errors = diff / (w.abs() + (rms if rms > 0 else 1.0))
+    worst_flat = int(torch.argmax(elem_errors)) if elem_errors.numel() else 0
+    max_elem = float(elem_errors[worst_flat]) if elem_errors.numel() else 0.0
+    worst = _index(int(finite.reshape(-1).nonzero()[worst_flat, 0]), got.shape)
+
+    ok = rel <= tolerance.rel and max_elem <= tolerance.elem
+    cause = ""
+    if not ok:
+        cause = (
+            f"{name}: relative error {rel:.2e} (tolerance {tolerance.rel:.0e}), worst element "
+            f"{max_elem:.2e} (tolerance {tolerance.elem:.0e}) at {worst}: got "
+            f"{got[worst].item():.6g}, expected {want[worst].item():.6g}"
+        )
+    return Comparison(ok, rel, max_elem, worst, cause)

@@ -1,0 +1,200 @@
+"""What a problem is: a small declarative record the generic engine knows how to grade.
+
+A problem says what a candidate is called with, what the right answer is, how to make
+inputs, how close is close enough, what the work costs the machine, and how close to the
+roofline counts as good. It says nothing about *how* to check: that is ``engine.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPE_NAMES = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One set of inputs: named sizes, an element type, and how large the values are.
+
+    ``scale`` is the magnitude of the random inputs. A large scale is how a check catches
+    the classic overflow bugs (an exponential without the max subtracted, a sum of squares
+    in half precision).
+    """
+
+    sizes: dict[str, int]
+    dtype: torch.dtype = torch.float32
+    scale: float = 1.0
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
+        extra = f" scale={self.scale:g}" if self.scale != 1.0 else ""
+        note = f" ({self.note})" if self.note else ""
+        return f"{sizes} {dtype_name(self.dtype)}{extra}{note}"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one call must cost at least: FLOPs, and compulsory bytes (every input read
+    once, every output written once). ``dtype`` names the compute ceiling that applies."""
+
+    flops: float
+    bytes: float
+    dtype: str = "fp32"
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOP per byte."""
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a result may be from the float64 reference.
+
+    ``rel`` bounds the relative error of the whole output, ‖out − ref‖ / ‖ref‖. ``elem``
+    bounds the worst single element, |out_i − ref_i| / (|ref_i| + rms(ref)), so that a
+    handful of wrong elements cannot hide inside a small norm.
+    """
+
+    rel: float
+    elem: float
+
+
+# Keys are dtype names, plus "tf32" for fp32 inputs multiplied on tensor cores.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp64": Tolerance(rel=1e-12, elem=1e-10),
+    "fp32": Tolerance(rel=1e-5, elem=1e-4),
+    "tf32": Tolerance(rel=5e-3, elem=5e-2),
+    "fp16": Tolerance(rel=2e-3, elem=1e-2),
+    "bf16": Tolerance(rel=1.6e-2, elem=8e-2),
+    "int64": Tolerance(rel=0.0, elem=0.0),
+    "int32": Tolerance(rel=0.0, elem=0.0),
+}
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Performance levels as roofline fractions (measured floor / measured time)."""
+
+    passing: float = 0.3
+    good: float = 0.6
+    excellent: float = 0.8
+
+    def grade(self, fraction: float) -> str:
+        if fraction >= self.excellent:
+            return "excellent"
+        if fraction >= self.good:
+            return "good"
+        if fraction >= self.passing:
+            return "pass"
+        return "below target"
+
+
+Inputs = tuple  # positional arguments for the candidate: tensors and plain Python values
+
+
+@dataclass
+class Problem:
+    """One graded exercise, id ``"<lab>/<exercise>"``.
+
+    make_inputs(case, generator, device) -> tuple of positional arguments.
+    reference(*inputs) -> the answer; the engine passes floating tensors upcast to float64.
+    cost(case) -> Cost.
+    out_shape(case) -> shape of the output; needed when ``output_arg`` is set.
+    """
+
+    id: str
+    title: str
+    signature: str
+    make_inputs: Callable[[Case, torch.Generator, torch.device], Inputs]
+    reference: Callable[..., torch.Tensor]
+    cost: Callable[[Case], Cost]
+    cpu_cases: Sequence[Case]
+    gpu_cases: Sequence[Case]
+    levels: Levels = field(default_factory=Levels)
+    tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    out_dtype: Callable[[Case], torch.dtype] | None = None
+    # True: the grader allocates the output and passes it last, candidate(*inputs, out).
+    output_arg: bool = False
+    out_shape: Callable[[Case], tuple[int, ...]] | None = None
+    # The exercise asks for a kernel of the learner's own: a call to one of
+    # ``library_ops`` (aten op names, as torch dispatches them) is reported, and so is
+    # a candidate that launches no Triton kernel at all.
+    kernel_required: bool = True
+    library_ops: frozenset[str] = frozenset()
+    # fp32 ``tl.dot`` runs in TF32 on a GPU by default; grade fp32 with the tf32 tolerance.
+    tf32_on_gpu: bool = False
+
+    def cases(self, on_gpu: bool) -> Sequence[Case]:
+        return self.gpu_cases if on_gpu else self.cpu_cases
+
+    def expected_dtype(self, case: Case) -> torch.dtype:
+        return self.out_dtype(case) if self.out_dtype else case.dtype
+
+    def tolerance(self, dtype: torch.dtype, on_gpu: bool) -> Tolerance:
+        key = dtype_name(dtype)
+        if key == "fp32" and on_gpu and self.tf32_on_gpu:
+            key = "tf32"
+        return self.tolerances[key]
+
+
+_REGISTRY: dict[str, Problem] = {}
+
+
+def register(problem: Problem) -> Problem:
+    """Add a problem to the registry. Re-registering an id replaces it (notebook re-runs)."""
+    if "/" not in problem.id:
+        raise ValueError(f"problem id {problem.id!r} must look like '<lab>/<exercise>'")
+    _REGISTRY[problem.id] = problem
+    return problem
+
+
+def _load_builtin() -> None:
+    from . import problems  # noqa: F401  (registers the course's problems)
+
+
+def get(problem_id: str) -> Problem:
+    _load_builtin()
+    try:
+        return _REGISTRY[problem_id]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise KeyError(f"unknown problem {problem_id!r}; known problems: {known}") from None
+
+
+def all_problems() -> list[Problem]:
+    _load_builtin()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def random_tensor(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    device: torch.device | str,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Normal random values times ``scale``, made in float32 then cast. Never zeros: a
+    kernel that writes nothing, or multiplies by nothing, must not pass by luck."""
+    x = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=device)
+    return (x * scale).to(dtype)

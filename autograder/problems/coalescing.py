@@ -1,0 +1,77 @@
+"""Lab 01 — memory coalescing. Both kernels move bytes and do (almost) no arithmetic,
+so they are graded against the bandwidth roof."""
+
+from __future__ import annotations
+
+import torch
+
+from ..problem import Case, Cost, Levels, Problem, random_tensor, register
+
+
+def _vector_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    n = case.sizes["n"]
+    return (random_tensor((n,), case.dtype, gen, device, case.scale),
+            random_tensor((n,), case.dtype, gen, device, case.scale))
+
+
+def _vector_cost(case: Case) -> Cost:
+    n, size = case.sizes["n"], case.dtype.itemsize
+    return Cost(flops=n, bytes=3 * n * size, dtype="fp32")
+
+
+register(Problem(
+    id="coalescing/vector_add",
+    title="Vector add with a masked tail",
+    signature="(x: Tensor[n], y: Tensor[n]) -> Tensor[n]  # x + y",
+    make_inputs=_vector_inputs,
+    reference=lambda x, y: x + y,
+    cost=_vector_cost,
+    cpu_cases=[
+        Case({"n": 1}, torch.float32, note="one element"),
+        Case({"n": 1000}, torch.float32, note="ragged tail"),
+        Case({"n": 4097}, torch.float16, note="ragged tail"),
+        Case({"n": 3000}, torch.float16, scale=2e4, note="large values"),
+        Case({"n": 2049}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"n": 98_432 + 17}, torch.float32, note="ragged tail"),
+        Case({"n": 1_000_003}, torch.float16, scale=2e4, note="large values"),
+        Case({"n": (1 << 26) + 7}, torch.bfloat16),
+        Case({"n": 1 << 28}, torch.float32, note="fills the chip"),
+    ],
+    levels=Levels(passing=0.7, good=0.8, excellent=0.9),
+    library_ops=frozenset({"add", "add_", "sum", "stack", "cat"}),
+))
+
+
+def _matrix_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    m, n = case.sizes["m"], case.sizes["n"]
+    x = random_tensor((m, n), case.dtype, gen, device, case.scale)
+    return (x,)
+
+
+def _transpose_cost(case: Case) -> Cost:
+    m, n = case.sizes["m"], case.sizes["n"]
+    return Cost(flops=0, bytes=2 * m * n * case.dtype.itemsize, dtype="fp32")
+
+
+register(Problem(
+    id="coalescing/transpose",
+    title="Matrix transpose into a contiguous result",
+    signature="(x: Tensor[m, n]) -> Tensor[n, m]  # x.T, contiguous",
+    make_inputs=_matrix_inputs,
+    reference=lambda x: x.T.contiguous(),
+    cost=_transpose_cost,
+    cpu_cases=[
+        Case({"m": 1, "n": 37}, torch.float32),
+        Case({"m": 67, "n": 130}, torch.float32, note="ragged tiles"),
+        Case({"m": 96, "n": 33}, torch.float16, note="ragged tiles"),
+    ],
+    gpu_cases=[
+        Case({"m": 1023, "n": 4097}, torch.float32, note="ragged tiles"),
+        Case({"m": 3000, "n": 5001}, torch.bfloat16, note="ragged tiles"),
+        Case({"m": 16384, "n": 16384}, torch.float32, note="fills the chip"),
+    ],
+    levels=Levels(passing=0.7, good=0.8, excellent=0.9),
+    library_ops=frozenset({"clone", "contiguous", "t_copy", "transpose_copy", "permute_copy"}),
+))

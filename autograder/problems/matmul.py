@@ -1,0 +1,51 @@
+"""Lab 02 — matrix multiplication. Large matmuls are compute-bound: graded against the
+tensor-core roof of the dtype."""
+
+from __future__ import annotations
+
+import torch
+
+from ..problem import Case, Cost, Levels, Problem, random_tensor, register
+
+
+def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    m, n, k = case.sizes["m"], case.sizes["n"], case.sizes["k"]
+    a = random_tensor((m, k), case.dtype, gen, device, case.scale)
+    if case.note == "b transposed":  # a non-contiguous b: the strides must be honoured
+        b = random_tensor((n, k), case.dtype, gen, device, case.scale).T
+    else:
+        b = random_tensor((k, n), case.dtype, gen, device, case.scale)
+    return a, b
+
+
+def _cost(case: Case) -> Cost:
+    m, n, k = case.sizes["m"], case.sizes["n"], case.sizes["k"]
+    size = case.dtype.itemsize
+    compute = {torch.float32: "tf32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return Cost(flops=2 * m * n * k, bytes=(m * k + k * n + m * n) * size,
+                dtype=compute.get(case.dtype, "fp32"))
+
+
+register(Problem(
+    id="matmul/tiled",
+    title="Tiled matmul: one block of C per program",
+    signature="(a: Tensor[m, k], b: Tensor[k, n]) -> Tensor[m, n]  # a @ b",
+    make_inputs=_inputs,
+    reference=lambda a, b: a @ b,
+    cost=_cost,
+    cpu_cases=[
+        Case({"m": 64, "n": 64, "k": 64}, torch.float32),
+        Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
+        Case({"m": 50, "n": 65, "k": 40}, torch.float16, note="b transposed"),
+        Case({"m": 64, "n": 48, "k": 80}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"m": 1000, "n": 1001, "k": 999}, torch.float32, note="ragged tiles"),
+        Case({"m": 2048, "n": 1536, "k": 1000}, torch.float16, note="b transposed"),
+        Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
+    ],
+    levels=Levels(passing=0.3, good=0.5, excellent=0.7),
+    library_ops=frozenset({"mm", "matmul", "addmm", "bmm", "baddbmm", "dot", "einsum",
+                           "linear", "_scaled_mm", "mv", "tensordot"}),
+    tf32_on_gpu=True,
+))

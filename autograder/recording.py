@@ -1,0 +1,89 @@
+"""Watch a candidate run: which torch ops it called, which Triton kernels it launched.
+
+Two things happen while a candidate runs inside ``Recorder``:
+
+* every tensor it allocates with ``torch.empty`` (and friends) is filled with poison
+  (``poison.py``), so elements it forgets to write cannot hold the right answer by luck;
+* the aten ops it dispatches and the Triton kernels it launches are counted, so that a
+  "kernel" that just calls ``torch.mm`` is reported as doing so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import poison
+
+_ALLOCATING = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+class _AtenRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        if name in _ALLOCATING and isinstance(out, torch.Tensor):
+            poison.fill(out)
+        return out
+
+
+def _launch_classes() -> list[type]:
+    """The Triton classes whose ``run`` method every launch goes through."""
+    classes: list[type] = []
+    try:
+        from triton.runtime.jit import JITFunction
+
+        classes.append(JITFunction)
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # triton absent or reorganised: record nothing rather than fail
+        pass
+    return classes
+
+
+class Recording:
+    """What a candidate did: aten op counts and Triton kernel launch counts."""
+
+    def __init__(self) -> None:
+        self.aten_ops: Counter[str] = Counter()
+        self.triton_launches: Counter[str] = Counter()
+
+    def library_calls(self, library_ops: frozenset[str]) -> list[str]:
+        return sorted(op for op in self.aten_ops if op in library_ops)
+
+
+@contextlib.contextmanager
+def recorder(recording: Recording | None = None) -> Iterator[Recording]:
+    """Record (and poison allocations) for the duration of the ``with`` block, adding to
+    ``recording`` if one is given."""
+    recording = recording if recording is not None else Recording()
+    originals = {cls: cls.run for cls in _launch_classes()}
+
+    def make_counting_run(original):
+        def run(self, *args, **kwargs):
+            name = getattr(self, "__name__", None) or getattr(self.fn, "__name__", "kernel")
+            recording.triton_launches[name] += 1
+            return original(self, *args, **kwargs)
+
+        return run
+
+    for cls, original in originals.items():
+        cls.run = make_counting_run(original)
+    mode = _AtenRecorder()
+    try:
+        with mode:
+            yield recording
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+        recording.aten_ops.update(mode.ops)

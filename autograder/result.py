@@ -1,0 +1,132 @@
+"""What a check found, as data, as one text line, and as a failure message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .compare import Comparison
+from .problem import Case, Cost
+from .roofline import Ceilings, Floor
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    comparison: Comparison | None = None
+    error: str = ""  # what went wrong outside the comparison: an exception, modified inputs
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.comparison is not None and self.comparison.ok
+
+    @property
+    def summary(self) -> str:
+        if self.error:
+            return self.error
+        return self.comparison.summary if self.comparison else "not run"
+
+
+@dataclass
+class Performance:
+    """Where the kernel lands on the roofline. ``seconds`` is None when nothing was
+    measured (on a CPU): then only the bound, from the cost model, is known."""
+
+    case: Case
+    cost: Cost
+    ceilings: Ceilings
+    floor: Floor
+    seconds: float | None = None
+    method: str = ""
+    fraction: float | None = None
+    level: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.seconds is not None
+
+    @property
+    def bottleneck(self) -> str:
+        """The bound in words, with the numbers that make it so."""
+        cost, ceil = self.cost, self.ceilings
+        if self.floor.bound == "memory":
+            return (f"memory-bound: {cost.bytes / 1e6:.3g} MB at "
+                    f"{ceil.bandwidth / 1e9:.0f} GB/s ({ceil.label}) takes at least "
+                    f"{self.floor.memory_s * 1e6:.3g} µs; intensity {cost.intensity:.3g} FLOP/B "
+                    f"is below the ridge of {ceil.ridge(cost.dtype):.0f}")
+        return (f"compute-bound: {cost.flops / 1e9:.3g} GFLOP at "
+                f"{ceil.peak_flops(cost.dtype) / 1e12:.0f} {cost.dtype} TFLOP/s ({ceil.label}) "
+                f"takes at least {self.floor.compute_s * 1e6:.3g} µs")
+
+    @property
+    def line(self) -> str:
+        if not self.measured:
+            return (f"not measured (no GPU); at {self.case.label} the floor on "
+                    f"{self.ceilings.label} is {self.floor.seconds * 1e6:.3g} µs, "
+                    f"{self.floor.bound}-bound")
+        assert self.fraction is not None
+        return (f"{self.seconds * 1e6:.1f} µs median ({self.method}), {self.fraction:.0%} of "
+                f"roofline [{self.level}], {self.floor.bound}-bound")
+
+
+@dataclass
+class CheckResult:
+    """The outcome of ``check(problem, candidate)``. ``passed`` is the verdict."""
+
+    problem_id: str
+    mode: str
+    seed: int
+    cases: list[CaseResult] = field(default_factory=list)
+    performance: Performance | None = None
+    library_calls: list[str] = field(default_factory=list)
+    triton_launches: dict[str, int] = field(default_factory=dict)
+    causes: list[str] = field(default_factory=list)  # reasons for failing, in words
+    not_implemented: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return not self.causes
+
+    @property
+    def verdict(self) -> str:
+        if self.not_implemented:
+            return "NOT IMPLEMENTED"
+        return "PASS" if self.passed else "FAIL"
+
+    @property
+    def worst_case(self) -> CaseResult | None:
+        failing = [c for c in self.cases if not c.ok]
+        if failing:
+            return failing[0]
+        with_errors = [c for c in self.cases if c.comparison and c.comparison.ok]
+        return max(with_errors, key=lambda c: c.comparison.rel_error, default=None)
+
+    @property
+    def line(self) -> str:
+        """One line for a terminal or a log."""
+        ok = sum(c.ok for c in self.cases)
+        head = f"{self.verdict} {self.problem_id}: {ok}/{len(self.cases)} cases correct"
+        if not self.passed:
+            return f"{head}; {self.causes[0]}  [{self.mode}]"
+        perf = f"; {self.performance.line}" if self.performance else ""
+        return f"{head}{perf}  [{self.mode}]"
+
+    def message(self) -> str:
+        """The full explanation, as an AssertionError carries it."""
+        lines = [self.line]
+        lines += [f"  - {cause}" for cause in self.causes[1:]]
+        for case in self.cases:
+            mark = "ok  " if case.ok else "FAIL"
+            lines.append(f"  {mark} {case.case.label}: {case.summary}")
+        if self.performance:
+            lines.append(f"  {self.performance.bottleneck}")
+        lines.append(f"  (inputs seed {self.seed}: check(..., seed={self.seed}) repeats them)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<CheckResult {self.line}>"
+
+    def show(self) -> None:
+        """Display the report: HTML in Jupyter, the one line elsewhere."""
+        from .report import show
+
+        show(self)
