@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 # Importing the autograder switches on the interpreter before any learner kernel exists.
@@ -111,6 +113,8 @@ def cmd_roofline(args: argparse.Namespace) -> int:
         beside = roofline.from_datasheet(args.card)
         print(f"Nothing measured: no GPU here. Datasheet of {beside.device}, for reference:")
         _print_ceilings([beside])
+    if args.json:
+        _write_json(args.json, dev, measured, beside)
     if args.html:
         from .plot import roofline_figure
 
@@ -118,6 +122,27 @@ def cmd_roofline(args: argparse.Namespace) -> int:
         figure.write_html(args.html, include_plotlyjs="cdn")
         print(f"wrote {args.html}")
     return EXIT_PASS
+
+
+def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | None,
+                beside: roofline.Ceilings | None) -> None:
+    """The evidence for bench/results/: card, driver, versions, measured and datasheet."""
+    record = {
+        "card": dev.name,
+        "mode": dev.mode,
+        "driver": dev.driver,
+        "versions": versions.installed(),
+        "measured": asdict(measured) if measured else None,
+        "datasheet": asdict(beside) if beside else None,
+    }
+    if measured and beside:
+        record["measured_over_datasheet"] = {
+            "bandwidth": measured.bandwidth / beside.bandwidth,
+            **{d: measured.flops[d] / beside.flops[d] for d in measured.flops if d in beside.flops},
+        }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--card", default=datasheet.DEFAULT_CARD,
                    help=f"datasheet to show on a CPU (one of: {', '.join(datasheet.CARDS)})")
     p.add_argument("--html", metavar="FILE", help="also write the roofline plot as HTML")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers and versions as JSON")
     return parser
 
 

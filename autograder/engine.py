@@ -42,7 +42,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _modified_inputs(inputs: tuple, snapshot: list[torch.Tensor | None]) -> list[int]:
     changed = []
-    for position, (now, before) in enumerate(zip(inputs, snapshot)):
+    for position, (now, before) in enumerate(zip(inputs, snapshot, strict=True)):
         if before is not None and not torch.equal(_bits(now), _bits(before)):
             changed.append(position)
     return changed
@@ -95,7 +95,7 @@ def _judge(
 
 def snapshot_or(inputs: tuple, snapshot: list[torch.Tensor | None]) -> tuple:
     """Inputs as they were before the candidate ran (tensors from the snapshot)."""
-    return tuple(s if s is not None else x for x, s in zip(inputs, snapshot))
+    return tuple(s if s is not None else x for x, s in zip(inputs, snapshot, strict=True))
 
 
 def _new_seed() -> int:

@@ -39,7 +39,8 @@ def html(result: CheckResult) -> str:
     parts = [
         f'<div style="font-family: sans-serif; font-size: 13px; border-left: 4px solid {colour};'
         ' padding: 4px 10px">',
-        f'<b style="color: {colour}">{esc(result.verdict)}</b> <code>{esc(result.problem_id)}</code>'
+        f'<b style="color: {colour}">{esc(result.verdict)}</b>'
+        f' <code>{esc(result.problem_id)}</code>'
         f' <span style="color: #57606a">— {esc(result.mode)}</span>',
     ]
     if result.causes:
