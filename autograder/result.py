@@ -60,9 +60,9 @@ class Performance:
     @property
     def line(self) -> str:
         if not self.measured:
-            return (f"not measured (no GPU); at {self.case.label} the floor on "
-                    f"{self.ceilings.label} is {self.floor.seconds * 1e6:.3g} µs, "
-                    f"{self.floor.bound}-bound")
+            return (f"no GPU, nothing measured; at {self.case.label} the {self.ceilings.device} "
+                    f"datasheet floor is {self.floor.seconds * 1e6:.3g} µs "
+                    f"({self.floor.bound}-bound)")
         assert self.fraction is not None
         return (f"{self.seconds * 1e6:.1f} µs median ({self.method}), {self.fraction:.0%} of "
                 f"roofline [{self.level}], {self.floor.bound}-bound")
@@ -103,6 +103,8 @@ class CheckResult:
     @property
     def line(self) -> str:
         """One line for a terminal or a log."""
+        if self.not_implemented:
+            return f"{self.verdict} {self.problem_id}: {self.causes[0]}  [{self.mode}]"
         ok = sum(c.ok for c in self.cases)
         head = f"{self.verdict} {self.problem_id}: {ok}/{len(self.cases)} cases correct"
         if not self.passed:

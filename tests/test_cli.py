@@ -1,0 +1,117 @@
+"""`rooflab` from the shell: right verdicts, right exit statuses, messages a learner reads."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, main
+
+BROKEN = Path(__file__).with_name("broken_kernels.py")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_check_passes_a_correct_kernel(capsys):
+    code, out = run(capsys, "check", "coalescing/vector_add", f"{BROKEN}:correct")
+    assert code == EXIT_PASS
+    assert out.startswith("PASS coalescing/vector_add")
+
+
+@pytest.mark.parametrize(
+    "function, words",
+    [
+        ("skips_tail", "never written"),
+        ("leaves_half_unwritten", "500 of 1000 elements were never written"),
+        ("modifies_input", "modified its input"),
+        ("wrong_dtype", "dtype fp32, expected fp16"),
+        ("overflows", "NaN/inf values where the reference is finite"),
+        ("calls_library", "calls the library (aten.add)"),
+        ("not_implemented", "not implemented yet"),
+    ],
+)
+def test_check_fails_each_broken_kernel_with_its_cause(capsys, function, words):
+    code, out = run(capsys, "check", "coalescing/vector_add", f"{BROKEN}:{function}")
+    assert code == EXIT_FAIL
+    assert words in out
+    assert "seed" in out  # so the failure can be repeated
+
+
+def test_check_accepts_module_function(capsys):
+    code, out = run(capsys, "check", "matmul/tiled", "rooflab.kernels.matmul:matmul")
+    assert code == EXIT_PASS, out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["check", "nope/nothing", f"{BROKEN}:correct"], "unknown problem"),
+        (["check", "coalescing/vector_add", "missing.py:f"], "no such file"),
+        (["check", "coalescing/vector_add", f"{BROKEN}:absent"], "no function 'absent'"),
+        (["check", "coalescing/vector_add", "no_colon"], "FILE.py:FUNCTION"),
+        (["check", "coalescing/vector_add", "no.such.module:f"], "no module named"),
+    ],
+)
+def test_usage_errors_exit_2(capsys, argv, words):
+    code, out = run(capsys, *argv)
+    assert code == EXIT_USAGE
+    assert words in out
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", "coalescing/vector_add"])
+    assert exit_info.value.code == EXIT_USAGE
+
+
+def test_list_shows_every_problem_with_its_signature(capsys):
+    code, out = run(capsys, "list")
+    assert code == EXIT_PASS
+    for problem_id in ("coalescing/vector_add", "coalescing/transpose", "matmul/tiled"):
+        assert problem_id in out
+    assert "(x: Tensor[n], y: Tensor[n]) -> Tensor[n]" in out
+
+
+def test_doctor_reports_versions_and_mode(capsys):
+    import torch
+
+    code, out = run(capsys, "doctor")
+    for name in ("python", "torch", "triton", "numpy", "cupy"):
+        assert name in out
+    if not torch.cuda.is_available():
+        assert "CPU (Triton interpreter): correctness only" in out
+    assert code in (EXIT_PASS, EXIT_FAIL)
+    assert ("OK: no known-bad combination" in out) == (code == EXIT_PASS)
+
+
+def test_roofline_on_cpu_says_nothing_was_measured(capsys, tmp_path):
+    import json
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    target = tmp_path / "ceilings.json"
+    code, out = run(capsys, "roofline", "--card", "A100 80GB", "--json", str(target))
+    assert code == EXIT_PASS
+    assert "Nothing measured" in out and "A100 80GB" in out
+    record = json.loads(target.read_text())
+    assert record["measured"] is None
+    assert record["datasheet"]["device"] == "A100 80GB"
+
+
+def test_console_script_exit_status(tmp_path):
+    """The installed `rooflab` command, as a shell or CI would call it."""
+    rooflab = Path(sys.executable).with_name("rooflab")
+    ok = subprocess.run([rooflab, "check", "coalescing/transpose",
+                         "rooflab.kernels.transpose:transpose"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([rooflab, "check", "coalescing/vector_add", f"{BROKEN}:skips_tail"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "FAIL coalescing/vector_add" in bad.stdout

@@ -1,0 +1,211 @@
+"""The correctness engine catches each classic kernel bug, and says which one it is."""
+
+import pytest
+import torch
+
+import broken_kernels as bk
+from rooflab.autograder import Case, Cost, Problem, check, register
+from rooflab.autograder import poison
+from rooflab.autograder.recording import recorder
+
+
+def grade(candidate, problem="coalescing/vector_add", **kwargs):
+    return check(problem, candidate, show=False, raise_on_failure=False, **kwargs)
+
+
+def test_correct_kernel_passes_every_case():
+    result = grade(bk.correct)
+    assert result.passed, result.message()
+    assert all(case.ok for case in result.cases)
+    assert len(result.cases) >= 4
+    assert result.triton_launches == {"_add": len(result.cases)}
+
+
+def test_check_returns_result_and_raises_assertion_with_the_cause():
+    assert check("coalescing/vector_add", bk.correct, show=False).passed
+    with pytest.raises(AssertionError, match="never written"):
+        check("coalescing/vector_add", bk.skips_tail, show=False)
+
+
+def test_skipped_ragged_tail_is_reported_as_unwritten():
+    result = grade(bk.skips_tail)
+    assert not result.passed
+    ragged = [c for c in result.cases if c.case.sizes["n"] % 128]
+    assert ragged and all(not c.ok for c in ragged)
+    assert all("never written" in c.summary for c in ragged)
+    tail = next(c for c in result.cases if c.case.sizes["n"] == 1000)
+    assert "104 of 1000 elements were never written, first at index (896,)" in tail.summary
+
+
+def test_unwritten_outputs_are_counted_and_located():
+    result = grade(bk.leaves_half_unwritten)
+    case = next(c for c in result.cases if c.case.sizes["n"] == 1000)
+    assert "500 of 1000 elements were never written" in case.summary
+    assert "first at index (500,)" in case.summary
+
+
+def test_modified_input_is_named():
+    result = grade(bk.modifies_input)
+    assert not result.passed
+    assert "modified its input (argument 0)" in result.causes[0]
+
+
+def test_wrong_dtype_is_named():
+    result = grade(bk.wrong_dtype)
+    assert not result.passed
+    fp16 = next(c for c in result.cases if c.case.dtype == torch.float16)
+    assert "dtype fp32, expected fp16" in fp16.summary
+    fp32 = next(c for c in result.cases if c.case.dtype == torch.float32)
+    assert fp32.ok
+
+
+def test_overflow_to_inf_on_large_inputs_is_caught():
+    result = grade(bk.overflows)
+    assert not result.passed
+    large = next(c for c in result.cases if c.case.scale > 1)
+    assert "NaN/inf values where the reference is finite" in large.summary
+    # bf16 is left out: the interpreter's bf16 arithmetic is itself wrong.
+    small = [c for c in result.cases if c.case.scale == 1 and c.case.dtype != torch.bfloat16]
+    assert small and all(c.ok for c in small)
+
+
+def test_library_call_is_reported_even_though_the_answer_is_right():
+    result = grade(bk.calls_library)
+    assert all(c.ok for c in result.cases)
+    assert not result.passed
+    assert result.library_calls == ["add"]
+    assert "calls the library (aten.add)" in result.causes[0]
+
+
+def test_matmul_that_calls_torch_mm_is_reported():
+    result = grade(lambda a, b: a @ b, problem="matmul/tiled")
+    assert "mm" in result.library_calls
+    assert not result.passed
+
+
+def test_no_kernel_at_all_is_reported():
+    result = grade(lambda x, y: (x.double() - (-y.double())).to(x.dtype))
+    assert not result.passed
+    assert any("launched no Triton kernel" in c for c in result.causes)
+
+
+def test_not_implemented_stub_is_its_own_verdict():
+    result = grade(bk.not_implemented)
+    assert result.verdict == "NOT IMPLEMENTED"
+    assert not result.passed
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check("coalescing/vector_add", bk.not_implemented, show=False)
+
+
+def test_exception_in_candidate_names_type_and_place():
+    def crashes(x, y):
+        raise ValueError("bad block size")
+
+    result = grade(crashes)
+    assert "raised ValueError: bad block size" in result.cases[0].summary
+    assert "test_engine.py" in result.cases[0].summary
+
+
+def test_seed_repeats_the_inputs_and_fresh_runs_differ():
+    seen = []
+
+    def spy(x, y):
+        seen.append(x.clone())
+        return bk.correct(x, y)
+
+    first = grade(spy)
+    grade(spy, seed=first.seed)
+    grade(spy)
+    runs = len(first.cases)
+    assert torch.equal(seen[0], seen[runs])
+    assert not torch.equal(seen[0], seen[2 * runs])
+
+
+def test_inputs_are_random_and_never_zero():
+    captured = []
+    grade(lambda x, y: captured.append((x, y)) or bk.correct(x, y))
+    for x, y in captured:
+        assert (x != 0).float().mean() > 0.99 and (y != 0).float().mean() > 0.99
+        assert not torch.equal(x, y)
+
+
+def test_fresh_allocations_are_poisoned_while_recording():
+    with recorder():
+        fresh = torch.empty(100)
+        like = torch.empty_like(fresh)
+        ints = torch.empty(5, dtype=torch.int32)
+    assert poison.unwritten_mask(fresh).all()
+    assert poison.unwritten_mask(like).all()
+    assert poison.unwritten_mask(ints).all()
+    assert torch.isnan(fresh).all()
+
+
+def test_empty_reusing_the_references_memory_cannot_pass():
+    """torch.empty can hand back a buffer that still holds the right answer."""
+
+    def returns_fresh_memory(x, y):
+        (x + y).sum()  # compute, free...
+        return torch.empty_like(x)  # ...and hope the allocator returns the same bytes
+
+    result = grade(returns_fresh_memory)
+    assert not any(c.ok for c in result.cases)
+
+
+# A problem in the "grader passes the output buffer" convention.
+def _out_inputs(case, gen, device):
+    n = case.sizes["n"]
+    return (torch.randn(n, generator=gen, device=device).to(case.dtype),)
+
+
+OUT_PROBLEM = register(Problem(
+    id="test/negate_into",
+    title="negate into a given buffer",
+    signature="(x: Tensor[n], out: Tensor[n]) -> None",
+    make_inputs=_out_inputs,
+    reference=lambda x: -x,
+    cost=lambda case: Cost(case.sizes["n"], 8 * case.sizes["n"]),
+    cpu_cases=[Case({"n": 10}), Case({"n": 1000})],
+    gpu_cases=[Case({"n": 1 << 20})],
+    output_arg=True,
+    out_shape=lambda case: (case.sizes["n"],),
+    kernel_required=False,
+))
+
+
+def test_output_buffer_passed_by_the_grader_is_poisoned():
+    def writes_all(x, out):
+        out.copy_(-x)
+
+    def writes_first_half(x, out):
+        out[: len(out) // 2] = -x[: len(x) // 2]
+
+    assert grade(writes_all, problem=OUT_PROBLEM).passed
+    result = grade(writes_first_half, problem=OUT_PROBLEM)
+    assert "500 of 1000 elements were never written" in result.cases[1].summary
+
+
+def test_unknown_problem_lists_the_known_ones():
+    with pytest.raises(KeyError, match="coalescing/vector_add"):
+        check("nope/nothing", bk.correct, show=False)
+
+
+def test_cpu_result_shows_no_timing_as_gpu_performance():
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    result = grade(bk.correct)
+    assert result.performance is not None and not result.performance.measured
+    assert result.performance.seconds is None and result.performance.fraction is None
+    assert "nothing measured" in result.line
+    assert "CPU (Triton interpreter): correctness only" in result.line
+
+
+@pytest.mark.gpu
+def test_gpu_check_measures_and_rechecks_after_timing():
+    from rooflab.kernels.vector_add import vector_add
+
+    result = grade(vector_add)
+    perf = result.performance
+    assert perf is not None and perf.measured
+    assert perf.seconds > 0 and 0 < perf.fraction <= 1.2
+    assert perf.floor.bound == "memory"
+    assert result.mode.startswith("GPU: ")
