@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import warnings
 from importlib import metadata
 
@@ -20,10 +21,13 @@ def version(package: str) -> str | None:
 
 
 def _tuple(text: str | None) -> tuple[int, ...]:
+    """"2.13.0+cpu" -> (2, 13, 0); "3.7rc1" -> (3, 7): the leading digits of each part."""
     parts = []
     for piece in (text or "0").split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = re.match(r"\d*", piece).group()
         parts.append(int(digits or 0))
+        if len(digits) < len(piece):  # a pre-release tag ends the version proper
+            break
     return tuple(parts)
 
 
@@ -39,8 +43,8 @@ def known_problems(found: dict[str, str | None] | None = None, interpreter: bool
     found = found if found is not None else installed()
     interpreter = interpreter_enabled() if interpreter is None else interpreter
     problems = []
-    if _tuple(found.get("python")) < (3, 10):
-        problems.append(f"python {found['python']} is too old: rooflab needs 3.10 or newer")
+    if found.get("python") and _tuple(found.get("python")) < (3, 10):
+        problems.append(f"python {found.get('python')} is too old: rooflab needs 3.10 or newer")
     torch_v, triton_v, numpy_v = found.get("torch"), found.get("triton"), found.get("numpy")
     if torch_v is None:
         problems.append("torch is not installed")

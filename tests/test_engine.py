@@ -1,11 +1,10 @@
 """The correctness engine catches each classic kernel bug, and says which one it is."""
 
+import broken_kernels as bk
 import pytest
 import torch
 
-import broken_kernels as bk
-from rooflab.autograder import Case, Cost, Problem, check, register
-from rooflab.autograder import poison
+from rooflab.autograder import Case, Cost, Problem, check, poison, register
 from rooflab.autograder.recording import recorder
 
 

@@ -1,10 +1,9 @@
-from rooflab.autograder import report, roofline  # isort: skip
-
 import re
 
 import pytest
 import torch
 
+from rooflab.autograder import report, roofline
 from rooflab.autograder.compare import Comparison
 from rooflab.autograder.problem import Case, Cost
 from rooflab.autograder.result import CaseResult, CheckResult, Performance

@@ -1,10 +1,9 @@
-from rooflab.autograder import datasheet, roofline  # isort: skip
-
 import json
 
 import pytest
 import torch
 
+from rooflab.autograder import datasheet, roofline
 from rooflab.autograder.device import Device, current
 from rooflab.autograder.problem import Cost
 

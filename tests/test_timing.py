@@ -1,10 +1,10 @@
-from rooflab.autograder import timing  # isort: skip
-
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from rooflab.autograder import timing
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
