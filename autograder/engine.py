@@ -167,8 +167,8 @@ def _collect_causes(spec: problem.Problem, result: CheckResult) -> None:
     if result.not_implemented:
         return
     failing = [c for c in result.cases if not c.ok]
-    if failing:
-        worst = failing[0]
+    worst = result.worst_case
+    if failing and worst is not None:
         result.causes.append(f"wrong on {worst.case.label}: {worst.summary}")
         if len(failing) > 1:
             result.causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
@@ -214,7 +214,8 @@ def _performance(
     snapshot = _snapshot(inputs)
     timing = time_gpu(lambda: run(case, inputs))
     output = run(case, inputs)
-    torch.cuda.synchronize()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     after = _judge(spec, case, inputs, output, snapshot, True, dev)
     if not after.ok:
         result.causes.append(f"correct before timing but wrong after it on {case.label}: "

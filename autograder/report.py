@@ -74,6 +74,10 @@ def _roofline_figure(result: CheckResult):
         from .plot import roofline_figure
     except ImportError:
         return None
+    from .device import current
+    from .roofline import datasheet_for
+
     achieved = perf.cost.flops / perf.seconds if perf.cost.flops else 0.0
     point = (result.problem_id, perf.cost.intensity, achieved, perf.cost.dtype)
-    return roofline_figure(perf.ceilings, points=[point])
+    return roofline_figure(perf.ceilings, dtypes=[perf.cost.dtype], points=[point],
+                           beside=datasheet_for(current()))

@@ -93,6 +93,21 @@ class CheckResult:
         return "PASS" if self.passed else "FAIL"
 
     @property
+    def seconds(self) -> float | None:
+        """Measured median time of the largest case; None when nothing was measured."""
+        return self.performance.seconds if self.performance else None
+
+    @property
+    def fraction(self) -> float | None:
+        """Roofline fraction of the largest case; None when nothing was measured."""
+        return self.performance.fraction if self.performance else None
+
+    @property
+    def bound(self) -> str | None:
+        """"memory" or "compute", from the cost model and the ceilings."""
+        return self.performance.floor.bound if self.performance else None
+
+    @property
     def worst_case(self) -> CaseResult | None:
         failing = [c for c in self.cases if not c.ok]
         if failing:
