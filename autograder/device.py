@@ -40,9 +40,16 @@ class Device:
     @property
     def mode(self) -> str:
         """One line that tells a learner what the numbers next to it mean."""
+        if self.is_gpu and interpreter_enabled():
+            return f"GPU: {self.name} with TRITON_INTERPRET=1 (interpreter): correctness only"
         if self.is_gpu:
             return f"GPU: {self.name}"
         return "CPU (Triton interpreter): correctness only"
+
+    @property
+    def can_measure(self) -> bool:
+        """Kernels run on the GPU itself, so their time means something."""
+        return self.is_gpu and not interpreter_enabled()
 
 
 def _cuda_driver_version() -> str:

@@ -129,7 +129,9 @@ def check(
     run = _Runner(spec, candidate, dev)
     recording = Recording()
 
-    for index, case in enumerate(spec.cases(info.is_gpu)):
+    # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
+    on_gpu = info.can_measure
+    for index, case in enumerate(spec.cases(on_gpu)):
         generator = torch.Generator(device=dev).manual_seed(seed + index)
         inputs = spec.make_inputs(case, generator, dev)
         snapshot = _snapshot(inputs)
@@ -147,7 +149,7 @@ def check(
         except Exception as error:  # the candidate's bug, reported as the case's failure
             result.cases.append(CaseResult(case, error=_describe_exception(error)))
             continue
-        result.cases.append(_judge(spec, case, inputs, output, snapshot, info.is_gpu, dev))
+        result.cases.append(_judge(spec, case, inputs, output, snapshot, on_gpu, dev))
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
@@ -195,8 +197,8 @@ def _performance(
     measure: bool,
     result: CheckResult,
 ) -> Performance:
-    """Time the largest case on a GPU; on a CPU only say what would bound it."""
-    if not info.is_gpu or not measure:
+    """Time the largest case on a GPU; elsewhere only say what would bound it."""
+    if not info.can_measure or not measure:
         # Nothing can be measured here; say what would bound the real-size case on the
         # default card, from the cost model and the datasheet alone.
         case = _largest(spec.gpu_cases or spec.cpu_cases, spec)

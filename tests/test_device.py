@@ -85,3 +85,13 @@ def test_kernel_defined_too_early_is_named_with_the_fix(tmp_path):
 
 def test_explain_launch_error_ignores_other_errors():
     assert device.explain_launch_error(ValueError("shape mismatch")) is None
+
+
+def test_gpu_with_the_interpreter_forced_measures_nothing(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gpu = device.Device(kind="gpu", name="NVIDIA H100 80GB HBM3", torch_device="cuda")
+    assert not gpu.can_measure
+    assert gpu.mode.endswith("correctness only")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert gpu.can_measure
+    assert gpu.mode == "GPU: NVIDIA H100 80GB HBM3"

@@ -46,6 +46,7 @@ def fake_gpu(monkeypatch):
         return Timing(state.seconds, "do_bench")
 
     monkeypatch.setattr(engine.device_layer, "current", lambda: gpu)
+    monkeypatch.setattr(engine.device_layer, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(engine, "time_gpu", time_gpu)
     monkeypatch.setattr(engine.roofline, "ceilings", lambda: CEILINGS)
     return state
