@@ -123,14 +123,16 @@ def measure_matmul_flops(dtype: str, n: int = 8192) -> float:
     from .timing import time_gpu
 
     torch_dtype = MATMUL_DTYPES[dtype]
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    # fp32 and tf32 share a dtype; the float32 matmul precision picks the unit. "highest"
+    # is true fp32 (PyTorch's default), "high" lets cuBLAS use TF32 tensor cores.
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     try:
         a = torch.randn(n, n, device="cuda", dtype=torch_dtype)
         b = torch.randn(n, n, device="cuda", dtype=torch_dtype)
         timing = time_gpu(lambda: torch.matmul(a, b))
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+        torch.set_float32_matmul_precision(previous)
     return 2 * n**3 / timing.median_s
 
 
