@@ -37,10 +37,13 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# On a GPU machine: the GPU tests, then this card's ceilings as JSON under $(OUT).
+# On a GPU machine: the GPU tests, then this card's ceilings as JSON in $(OUT)/
+# (<card>-<date>.json). PY is the interpreter rooflab is installed in; `make test` or
+# `pip install --no-deps -e .` installs it.
+PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
-	python3 -m pytest -m gpu -q
-	python3 -m rooflab.autograder.cli roofline --json $(OUT)/ceilings.json
+	$(PY) -m pytest -m gpu -q
+	$(PY) -m rooflab.autograder.cli roofline --json $(OUT)/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -12,9 +12,12 @@ import argparse
 import importlib
 import importlib.util
 import json
+import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from datetime import date
 from pathlib import Path
 
 # Importing the autograder switches on the interpreter before any learner kernel exists.
@@ -25,7 +28,20 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
-    pass
+    """The command line is wrong (exit 2), as opposed to the kernel (exit 1)."""
+
+
+class CandidateError(Exception):
+    """The learner's file could not even be loaded (exit 1: their bug, not a usage error)."""
+
+
+def _where(error: BaseException) -> str:
+    """The error and the line of the learner's file that caused it."""
+    if isinstance(error, SyntaxError):
+        return f"SyntaxError: {error.msg} (line {error.lineno}: {(error.text or '').strip()})"
+    frames = traceback.extract_tb(error.__traceback__)
+    place = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"{type(error).__name__}: {error}{place}"
 
 
 def load_function(spec: str) -> Callable:
@@ -41,14 +57,19 @@ def load_function(spec: str) -> Callable:
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
         sys.path.insert(0, str(path.parent.resolve()))
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as error:
+            raise CandidateError(f"could not load {target}: {_where(error)}") from None
     else:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as error:
             if error.name and target.startswith(error.name):
                 raise UsageError(f"no module named {target!r}") from None
-            raise
+            raise CandidateError(f"could not import {target}: {_where(error)}") from None
+        except Exception as error:
+            raise CandidateError(f"could not import {target}: {_where(error)}") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise UsageError(f"{target} has no function {name!r}")
@@ -100,17 +121,19 @@ def _print_ceilings(rows: list[roofline.Ceilings]) -> None:
 
 def cmd_roofline(args: argparse.Namespace) -> int:
     dev = device.current()
+    if args.card is not None and args.card not in datasheet.CARDS:
+        raise UsageError(f"unknown card {args.card!r}; known: {', '.join(datasheet.CARDS)}")
     print(dev.mode)
     if dev.is_gpu:
         measured = roofline.ceilings(remeasure=args.remeasure)
-        beside = roofline.datasheet_for(dev)
+        beside = roofline.from_datasheet(args.card) if args.card else roofline.datasheet_for(dev)
         _print_ceilings([measured] + ([beside] if beside else []))
         if beside is None:
             print(f"(no datasheet entry for {dev.name})")
         print(f"cached in {roofline.cache_path(dev)}")
     else:
         measured = None
-        beside = roofline.from_datasheet(args.card)
+        beside = roofline.from_datasheet(args.card or datasheet.DEFAULT_CARD)
         print(f"Nothing measured: no GPU here. Datasheet of {beside.device}, for reference:")
         _print_ceilings([beside])
     if args.json:
@@ -140,9 +163,13 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
             "bandwidth": measured.bandwidth / beside.bandwidth,
             **{d: measured.flops[d] / beside.flops[d] for d in measured.flops if d in beside.flops},
         }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    target = Path(path)
+    if target.is_dir() or path.endswith("/"):
+        card = re.sub(r"[^A-Za-z0-9]+", "-", dev.name).strip("-")
+        target = target / f"{card}-{date.today().isoformat()}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {target}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,10 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("roofline", help="this device's ceilings (measured on a GPU)")
     p.add_argument("--remeasure", action="store_true", help="ignore the cache and measure")
-    p.add_argument("--card", default=datasheet.DEFAULT_CARD,
-                   help=f"datasheet to show on a CPU (one of: {', '.join(datasheet.CARDS)})")
+    p.add_argument("--card", default=None,
+                   help="datasheet to show (default: this GPU's, or H100 SXM on a CPU); "
+                   f"one of: {', '.join(datasheet.CARDS)}")
     p.add_argument("--html", metavar="FILE", help="also write the roofline plot as HTML")
-    p.add_argument("--json", metavar="FILE", help="also write the numbers and versions as JSON")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write the numbers and versions as JSON; a folder gets "
+                   "<card>-<date>.json")
     return parser
 
 
@@ -179,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"rooflab {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except CandidateError as error:
+        print(f"FAIL {getattr(args, 'problem', '')}: {error}")
+        return EXIT_FAIL
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
 
 
 def _first(mask: torch.Tensor) -> tuple[int, ...]:
-    flat = int(mask.reshape(-1).nonzero()[0, 0])
+    """Index of the first True (argmax of bytes: no index list as large as the mask)."""
+    flat = int(mask.reshape(-1).to(torch.uint8).argmax())
     return _index(flat, mask.shape)
 
 
@@ -46,8 +47,10 @@ def compare(
     device: torch.device,
     tolerance: Tolerance,
     name: str = "output",
+    contiguous: bool = False,
 ) -> Comparison:
-    """Check type, shape, dtype, device, unwritten elements, NaN/inf, then error norms."""
+    """Check type, shape, dtype, device, layout, unwritten elements, NaN/inf, then error
+    norms."""
     if not isinstance(out, torch.Tensor):
         return Comparison(False, cause=f"{name}: returned {type(out).__name__}, expected a "
                                         "torch.Tensor (did you forget to return it?)")
@@ -59,6 +62,9 @@ def compare(
                                         f"{dtype_name(dtype)}")
     if out.device.type != device.type:
         return Comparison(False, cause=f"{name}: on device {out.device}, expected {device}")
+    if contiguous and not out.is_contiguous():
+        return Comparison(False, cause=f"{name}: not contiguous (strides {out.stride()}); "
+                                       "the exercise asks for a contiguous result, not a view")
     if out.numel() == 0:
         return Comparison(True, 0.0, 0.0)
 
@@ -68,8 +74,10 @@ def compare(
         return Comparison(
             False,
             worst_index=_first(unwritten),
-            cause=f"{name}: {count} of {out.numel()} elements were never written, "
-            f"first at index {_first(unwritten)} (a missing tail, mask or program?)",
+            cause=f"{name}: {count} of {out.numel()} elements were never written, first at "
+            f"index {_first(unwritten)} (they hold the poison that fills fresh memory during a "
+            "check: a missing tail, mask or program, or a value computed from memory that "
+            "was never written)",
         )
 
     # Compare where the output lives: moving a chip-filling output to the host is slow.
@@ -95,16 +103,17 @@ def compare(
                           cause=f"{name}: at {where} got {got[where].item()}, expected "
                           f"{want_rounded[where].item()} (the exact answer overflows "
                           f"{dtype_name(dtype)})")
-    g, w = got[finite], want[finite]
-    diff = (g - w).abs()
-    ref_norm = float(torch.linalg.vector_norm(w))
+    # Error norms over the elements whose answer is finite (others matched exactly above).
+    want = torch.where(finite, want, 0.0)
+    diff = torch.where(finite, got - want, 0.0).abs_()
+    count = max(int(finite.sum()), 1)
+    ref_norm = float(torch.linalg.vector_norm(want))
     diff_norm = float(torch.linalg.vector_norm(diff))
     rel = diff_norm / ref_norm if ref_norm > 0 else diff_norm
-    rms = ref_norm / max(w.numel(), 1) ** 0.5
-    elem_errors = diff / (w.abs() + (rms if rms > 0 else 1.0))
-    worst_flat = int(torch.argmax(elem_errors)) if elem_errors.numel() else 0
-    max_elem = float(elem_errors[worst_flat]) if elem_errors.numel() else 0.0
-    worst = _index(int(finite.reshape(-1).nonzero()[worst_flat, 0]), got.shape)
+    rms = ref_norm / count**0.5
+    elem_errors = diff.div_(want.abs().add_(rms if rms > 0 else 1.0))
+    worst = _index(int(elem_errors.reshape(-1).argmax()), got.shape)
+    max_elem = float(elem_errors[worst])
 
     ok = rel <= tolerance.rel and max_elem <= tolerance.elem
     cause = ""

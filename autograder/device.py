@@ -1,17 +1,19 @@
 """Which world are we in: a CUDA GPU, or the CPU with Triton's interpreter.
 
-Importing this module (which ``import rooflab.autograder`` does) decides the mode once.
-Without a CUDA GPU it sets ``TRITON_INTERPRET=1`` so that every ``@triton.jit`` kernel
-defined afterwards runs in Triton's interpreter on the CPU. The variable is read when a
-kernel is *decorated*, so a kernel defined before this import stays a GPU kernel and
-fails at launch with "0 active drivers"; we look for such kernels and say so plainly.
+Importing ``rooflab.autograder`` decides the mode once. Without a CUDA GPU it sets
+``TRITON_INTERPRET=1`` so that every ``@triton.jit`` kernel defined afterwards runs in
+Triton's interpreter on the CPU. The variable is read when a kernel is *decorated*: a
+kernel defined earlier (and Triton's own ``tl.sum``, ``tl.cdiv``... if ``triton`` was
+imported first) is built for a GPU, and would fail with "0 active drivers" or "Cannot
+call @triton.jit'd outside of the scope of a kernel". So when Triton was imported first,
+launches and calls of such kernels are routed through the interpreter too, and the
+learner's kernels among them are named in a warning.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import gc
 import os
 import sys
 import warnings
@@ -98,54 +100,84 @@ def interpreter_enabled() -> bool:
 
 
 def _kernels_defined_for_gpu() -> list[str]:
-    """Names of @triton.jit kernels that were decorated before the interpreter was switched
-    on. Only looks if triton is already imported (otherwise none can exist)."""
+    """Names of @triton.jit kernels, in any loaded module but Triton's own (a notebook's
+    are in ``__main__``), that were decorated before the interpreter was switched on."""
     if "triton" not in sys.modules:
         return []
     from triton.runtime.jit import JITFunction
 
-    names = []
-    for obj in gc.get_objects():
-        # type(), not isinstance(): some objects (deprecated torch aliases) warn when
-        # their __class__ is read.
-        if issubclass(type(obj), JITFunction):
-            module = getattr(obj.fn, "__module__", "") or ""
-            if not module.startswith("triton."):  # Triton's own library is fine
-                names.append(getattr(obj, "__name__", repr(obj)))
-    return sorted(set(names))
-
-
-class KernelDefinedTooEarly(RuntimeError):
-    """A Triton kernel was compiled for a GPU that this machine does not have."""
+    names = set()
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".")[0] in ("triton", "torch"):
+            continue
+        for value in list(getattr(module, "__dict__", {}).values()):
+            # type(), not isinstance(): some module attributes warn when their class is read.
+            if issubclass(type(value), JITFunction):
+                names.add(getattr(value, "__name__", repr(value)))
+    return sorted(names)
 
 
 def too_early_message(names: list[str]) -> str:
     listed = ", ".join(names)
     return (
         f"Triton kernel(s) {listed} were defined before rooflab switched on Triton's "
-        "interpreter, so they were built for a GPU this machine does not have and cannot "
-        "launch. Put `import rooflab.autograder` (or `from rooflab.autograder import check`) "
-        "above the cell or module that defines them, then restart the kernel and run again."
+        "interpreter (this machine has no GPU); rooflab runs them in the interpreter anyway. "
+        "To avoid this, put `import rooflab.autograder` (or `from rooflab.autograder import "
+        "check`) above the cell or module that defines them."
     )
 
 
+def _interpret_kernels_built_for_gpu() -> None:
+    """Route launches (``kernel[grid](...)``) and device-function calls of kernels that
+    were decorated before the interpreter was on through an interpreted twin."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if getattr(JITFunction, "_rooflab_interpreted", False):
+        return
+
+    def twin(kernel: JITFunction) -> InterpretedFunction:
+        interpreted = kernel.__dict__.get("_rooflab_twin")
+        if interpreted is None:
+            interpreted = kernel.__dict__["_rooflab_twin"] = InterpretedFunction(kernel.fn)
+        return interpreted
+
+    def run(self, *args, **kwargs):
+        return twin(self).run(*args, **kwargs)
+
+    def call(self, *args, **kwargs):
+        return twin(self)(*args, **kwargs)
+
+    JITFunction.run = run
+    JITFunction.__call__ = call
+    JITFunction._rooflab_interpreted = True
+
+
 def enable_interpreter_if_no_gpu() -> None:
-    """Switch Triton to its interpreter when there is no CUDA GPU; warn about kernels that
-    were defined too early to be affected."""
+    """Switch Triton to its interpreter when there is no CUDA GPU. Kernels defined before
+    that (if triton was imported first) are run in the interpreter too, with a warning."""
     if current().is_gpu:
         return
     if not interpreter_enabled():
         os.environ[INTERPRET_VAR] = "1"
+    if "triton" in sys.modules:
+        _interpret_kernels_built_for_gpu()
         early = _kernels_defined_for_gpu()
-        if early:
+        if early and not _warned:
+            _warned.update(early)
             warnings.warn(too_early_message(early), RuntimeWarning, stacklevel=3)
+
+
+_warned: set[str] = set()
 
 
 def explain_launch_error(error: BaseException) -> str | None:
     """If ``error`` is Triton's obscure failure for a GPU kernel launched without a GPU,
     return a message that says what happened and how to fix it."""
     text = str(error)
-    if "active drivers" in text or "0 active driver" in text:
-        names = _kernels_defined_for_gpu() or ["(unknown)"]
-        return too_early_message(names)
+    if "active drivers" in text or "outside of the scope of a kernel" in text:
+        names = ", ".join(_kernels_defined_for_gpu()) or "some kernels"
+        return (f"{names} were built for a GPU, which this machine does not have: "
+                "import rooflab.autograder before triton and before defining kernels, "
+                "then restart and run again")
     return None

@@ -1,10 +1,11 @@
 """The correctness engine: run a candidate on every case of a problem and judge it.
 
-For each case the engine makes fresh random inputs, computes the float64 reference,
-runs the candidate while poisoning its allocations and recording what it calls, then
-checks the output (``compare.py``) and that the inputs are bit-for-bit unchanged.
-On a GPU it then times the candidate on the largest case, places it on the measured
-roofline, and checks the answer again on the timed inputs.
+For each case the engine makes fresh random inputs (inside guard bands), computes the
+float64 reference, and runs the candidate while poisoning its allocations and recording
+what it calls. It then checks, in order: no write outside any tensor, inputs bit-for-bit
+unchanged, an output that is not an input in disguise, and the output itself
+(``compare.py``). On a GPU it finally times the candidate on the largest case, places it
+on the measured roofline, and checks the answer again on the timed inputs.
 """
 
 from __future__ import annotations
@@ -13,25 +14,47 @@ import os
 import traceback
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from . import device as device_layer
-from . import poison, problem, roofline
-from .compare import Comparison, compare
+from . import guard, poison, problem, roofline, versions
+from .problem import Case, Problem
 from .recording import Recording, recorder
 from .result import CaseResult, CheckResult, Performance
 from .timing import time_gpu
 
+# Frames from these folders are the grader's or a library's, never the learner's bug.
+_NOT_LEARNER = [str(Path(torch.__file__).parent), str(Path(__file__).parent)]
+try:
+    import triton
 
-def _to_reference_dtype(x: object) -> object:
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return x.detach().to(torch.float64)
-    return x
+    _NOT_LEARNER.append(str(Path(triton.__file__).parent))
+except ImportError:  # pragma: no cover
+    pass
+
+# The interpreter cannot compute in bf16 (it stores bf16 as raw 16-bit integers), so a
+# correct kernel that adds or multiplies bf16 values gets garbage there.
+INTERPRETER_SKIPS = {torch.bfloat16: "bf16 is graded on a GPU only: Triton's interpreter "
+                                     "computes bf16 arithmetic wrongly"}
 
 
-def _snapshot(inputs: tuple) -> list[torch.Tensor | None]:
-    return [x.detach().clone() if isinstance(x, torch.Tensor) else None for x in inputs]
+def _new_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFF_FFFF
+
+
+def _guard_inputs(inputs: tuple) -> tuple[tuple, list[guard.Guarded]]:
+    """Move every tensor input into a guarded buffer, keeping shape and strides."""
+    moved, guards = [], []
+    for position, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and poison.supports(x.dtype):
+            guarded = guard.copy(x, name=f"argument {position}")
+            guards.append(guarded)
+            moved.append(guarded.view)
+        else:
+            moved.append(x)
+    return tuple(moved), guards
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -41,70 +64,108 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(width) if t.dtype != torch.bool else t
 
 
-def _modified_inputs(inputs: tuple, snapshot: list[torch.Tensor | None]) -> list[int]:
-    changed = []
-    for position, (now, before) in enumerate(zip(inputs, snapshot, strict=True)):
-        if before is not None and not torch.equal(_bits(now), _bits(before)):
-            changed.append(position)
-    return changed
+def _modified_inputs(inputs: tuple, originals: tuple) -> list[int]:
+    return [
+        position
+        for position, (now, before) in enumerate(zip(inputs, originals, strict=True))
+        if isinstance(now, torch.Tensor) and not torch.equal(_bits(now), _bits(before))
+    ]
+
+
+def _aliases_an_input(output: object, inputs: tuple) -> int | None:
+    if not isinstance(output, torch.Tensor):
+        return None
+    storage = output.untyped_storage().data_ptr()
+    for position, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == storage:
+            return position
+    return None
+
+
+def _learner_frame(error: BaseException) -> str:
+    """" (at file:line)" for the innermost frame in the learner's code, if any."""
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        if not any(frame.filename.startswith(folder) for folder in _NOT_LEARNER):
+            return f" (at {Path(frame.filename).name}:{frame.lineno}, `{frame.line}`)"
+    return ""
 
 
 def _describe_exception(error: BaseException) -> str:
     explained = device_layer.explain_launch_error(error)
     if explained:
         return explained
-    frames = traceback.extract_tb(error.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"raised {type(error).__name__}: {error}{where}"
+    text = f"raised {type(error).__name__}: {error}".strip()
+    text = text.splitlines()[0] if text else type(error).__name__
+    broken = versions.known_problems()
+    if broken:  # say so: the learner's code may be fine
+        text += f" — note: this environment has a known problem: {broken[0]}"
+    return text + _learner_frame(error)
 
 
 class _Runner:
-    """Runs the candidate in the problem's calling convention."""
+    """Calls the candidate in the problem's convention: it returns the output, or writes
+    into a poisoned output buffer the grader passes last."""
 
-    def __init__(self, spec: problem.Problem, candidate: Callable, dev: torch.device):
+    def __init__(self, spec: Problem, candidate: Callable, dev: torch.device):
         self.spec, self.candidate, self.dev = spec, candidate, dev
 
-    def __call__(self, case: problem.Case, inputs: tuple) -> object:
-        if self.spec.output_arg:
-            assert self.spec.out_shape is not None, f"{self.spec.id}: output_arg needs out_shape"
-            out = poison.empty(self.spec.out_shape(case), self.spec.expected_dtype(case), self.dev)
-            self.candidate(*inputs, out)
-            return out
-        return self.candidate(*inputs)
+    def output_buffer(self, case: Case) -> guard.Guarded | None:
+        if not self.spec.output_arg:
+            return None
+        assert self.spec.out_shape is not None, f"{self.spec.id}: output_arg needs out_shape"
+        return guard.empty(self.spec.out_shape(case), self.spec.expected_dtype(case), self.dev,
+                           name="the output buffer")
+
+    def __call__(self, inputs: tuple, out: guard.Guarded | None) -> object:
+        if out is None:
+            return self.candidate(*inputs)
+        self.candidate(*inputs, out.view)
+        return out.view
 
 
-def _judge(
-    spec: problem.Problem,
-    case: problem.Case,
-    inputs: tuple,
-    output: object,
-    snapshot: list[torch.Tensor | None],
-    on_gpu: bool,
-    dev: torch.device,
-) -> CaseResult:
-    changed = _modified_inputs(inputs, snapshot)
-    if changed:
-        names = ", ".join(f"argument {i}" for i in changed)
-        return CaseResult(case, error=f"modified its input ({names}); inputs must be read-only")
-    reference = spec.reference(*(_to_reference_dtype(x) for x in snapshot_or(inputs, snapshot)))
-    dtype = spec.expected_dtype(case)
-    comparison: Comparison = compare(
-        output, reference, dtype=dtype, device=dev, tolerance=spec.tolerance(dtype, on_gpu)
-    )
-    return CaseResult(case, comparison)
+class _CaseRun:
+    """Everything about one run of the candidate on one case."""
 
+    def __init__(self, spec: Problem, case: Case, generator: torch.Generator,
+                 dev: torch.device):
+        self.case = case
+        self.originals = spec.make_inputs(case, generator, dev)
+        self.inputs, self.guards = _guard_inputs(self.originals)
 
-def snapshot_or(inputs: tuple, snapshot: list[torch.Tensor | None]) -> tuple:
-    """Inputs as they were before the candidate ran (tensors from the snapshot)."""
-    return tuple(s if s is not None else x for x, s in zip(inputs, snapshot, strict=True))
+    def reference(self, spec: Problem) -> torch.Tensor:
+        as_float64 = (x.to(torch.float64) if isinstance(x, torch.Tensor)
+                      and x.is_floating_point() else x for x in self.originals)
+        return spec.reference(*as_float64)
 
+    def judge(self, spec: Problem, output: object, allocations: list[guard.Guarded],
+              on_gpu: bool, dev: torch.device) -> CaseResult:
+        from .compare import compare
 
-def _new_seed() -> int:
-    return int.from_bytes(os.urandom(4), "little") & 0x7FFF_FFFF
+        for guarded in [*self.guards, *allocations]:
+            hit = guarded.margins_hit()
+            if hit:
+                return CaseResult(self.case, error=(
+                    f"wrote {hit} elements outside {guarded.name}: an access without a mask, "
+                    "or an offset past the end"))
+        changed = _modified_inputs(self.inputs, self.originals)
+        if changed:
+            names = ", ".join(f"argument {i}" for i in changed)
+            return CaseResult(self.case, error=f"modified its input ({names}); inputs must be "
+                                               "read-only")
+        alias = _aliases_an_input(output, self.inputs)
+        if alias is not None and not spec.output_arg:
+            return CaseResult(self.case, error=f"returned (a view of) argument {alias} instead "
+                                               "of a new tensor")
+        dtype = spec.expected_dtype(self.case)
+        comparison = compare(output, self.reference(spec), dtype=dtype, device=dev,
+                             tolerance=spec.tolerance(dtype, on_gpu),
+                             contiguous=spec.out_contiguous)
+        return CaseResult(self.case, comparison)
 
 
 def check(
-    problem_id: str | problem.Problem,
+    problem_id: str | Problem,
     candidate: Callable,
     *,
     seed: int | None = None,
@@ -128,36 +189,39 @@ def check(
     result = CheckResult(spec.id, info.mode, seed)
     run = _Runner(spec, candidate, dev)
     recording = Recording()
-
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
+
     for index, case in enumerate(spec.cases(on_gpu)):
+        if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
+            result.skipped.append(f"{case.label}: {INTERPRETER_SKIPS[case.dtype]}")
+            continue
         generator = torch.Generator(device=dev).manual_seed(seed + index)
-        inputs = spec.make_inputs(case, generator, dev)
-        snapshot = _snapshot(inputs)
+        attempt = _CaseRun(spec, case, generator, dev)
+        out = run.output_buffer(case)
         try:
             with recorder(recording), warnings.catch_warnings():
                 # numpy's overflow warnings from inside the interpreter: the comparison
                 # reports what matters (inf where the answer is finite) more clearly.
                 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
-                output = run(case, inputs)
+                output = run(attempt.inputs, out)
         except NotImplementedError:
             result.not_implemented = True
-            result.causes.append("not implemented yet: replace `raise NotImplementedError` "
-                                 "with your code")
             break
         except Exception as error:  # the candidate's bug, reported as the case's failure
             result.cases.append(CaseResult(case, error=_describe_exception(error)))
             continue
-        result.cases.append(_judge(spec, case, inputs, output, snapshot, on_gpu, dev))
+        finally:
+            allocations, recording.allocations = recording.allocations, []
+        if out is not None:
+            allocations.append(out)
+        result.cases.append(attempt.judge(spec, output, allocations, on_gpu, dev))
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
-    _collect_causes(spec, result)
-
+    result.causes = _causes(spec, result)
     if result.passed:
-        result.performance = _performance(spec, run, info, dev, seed, measure, result)
-
+        result.performance = _performance(spec, run, info, seed, measure, result)
     if show:
         result.show()
     if raise_on_failure and not result.passed:
@@ -165,70 +229,76 @@ def check(
     return result
 
 
-def _collect_causes(spec: problem.Problem, result: CheckResult) -> None:
+def _causes(spec: Problem, result: CheckResult) -> list[str]:
+    """Why the candidate fails, most telling first; empty when it is correct."""
     if result.not_implemented:
-        return
+        return ["not implemented yet: replace `raise NotImplementedError` with your code"]
+    causes = []
     failing = [c for c in result.cases if not c.ok]
     worst = result.worst_case
     if failing and worst is not None:
-        result.causes.append(f"wrong on {worst.case.label}: {worst.summary}")
+        causes.append(f"wrong on {worst.case.label}: {worst.summary}")
         if len(failing) > 1:
-            result.causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
-    if spec.kernel_required and result.library_calls:
+            causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
+    if spec.kernel and result.library_calls:
         ops = ", ".join(f"aten.{op}" for op in result.library_calls)
-        result.causes.append(
-            f"calls the library ({ops}) instead of launching its own kernel; "
-            "this exercise asks for a kernel you write"
-        )
-    elif spec.kernel_required and not result.triton_launches and not failing:
-        result.causes.append("launched no Triton kernel; this exercise asks for one")
+        causes.append(f"calls the library ({ops}) instead of launching its own kernel; "
+                      "this exercise asks for a kernel you write")
+    elif spec.kernel == "triton" and not result.triton_launches and not failing:
+        causes.append("launched no Triton kernel; this exercise asks for one")
+    return causes
 
 
-def _largest(cases, spec: problem.Problem) -> problem.Case:
+def _largest(cases, spec: Problem) -> Case:
     return max(cases, key=lambda c: spec.cost(c).bytes)
 
 
 def _performance(
-    spec: problem.Problem,
+    spec: Problem,
     run: _Runner,
     info: device_layer.Device,
-    dev: torch.device,
     seed: int,
     measure: bool,
     result: CheckResult,
 ) -> Performance:
     """Time the largest case on a GPU; elsewhere only say what would bound it."""
     if not info.can_measure or not measure:
-        # Nothing can be measured here; say what would bound the real-size case on the
-        # default card, from the cost model and the datasheet alone.
+        # Nothing is measured; say what would bound the real-size case on the default card,
+        # from the cost model and the datasheet alone.
         case = _largest(spec.gpu_cases or spec.cpu_cases, spec)
         cost = spec.cost(case)
         ceilings = roofline.from_datasheet()
-        return Performance(case, cost, ceilings, roofline.time_floor(cost, ceilings))
+        why = "no GPU" if not info.is_gpu else ("interpreter forced" if not info.can_measure
+                                                else "measure=False")
+        return Performance(case, cost, ceilings, roofline.time_floor(cost, ceilings),
+                           not_measured=why)
 
+    dev = torch.device(info.torch_device)
     case = _largest(spec.gpu_cases, spec)
     cost = spec.cost(case)
     ceilings = roofline.ceilings()
     floor = roofline.time_floor(cost, ceilings)
     # Fresh inputs, never seen during the correctness pass, so nothing can be replayed.
     generator = torch.Generator(device=dev).manual_seed(seed + 1_000_003)
-    inputs = spec.make_inputs(case, generator, dev)
-    snapshot = _snapshot(inputs)
-    timing = time_gpu(lambda: run(case, inputs))
-    output = run(case, inputs)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    after = _judge(spec, case, inputs, output, snapshot, True, dev)
+    attempt = _CaseRun(spec, case, generator, dev)
+    out = run.output_buffer(case)  # allocated once: its poison fill is not timed
+    try:
+        timing = time_gpu(lambda: run(attempt.inputs, out))
+        output = run(attempt.inputs, out)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as error:
+        result.causes.append(f"failed while being timed on {case.label}: "
+                             f"{_describe_exception(error)}")
+        return Performance(case, cost, ceilings, floor, not_measured="failed while timed")
+    after = attempt.judge(spec, output, [out] if out else [], True, dev)
     if not after.ok:
         result.causes.append(f"correct before timing but wrong after it on {case.label}: "
                              f"{after.summary}")
     fraction = roofline.roofline_fraction(floor, timing.median_s)
-    level = spec.levels.grade(fraction)
     perf = Performance(case, cost, ceilings, floor, timing.median_s, timing.method, fraction,
-                       level)
-    if level == "below target":
-        result.causes.append(
-            f"too slow: {fraction:.0%} of roofline, needs {spec.levels.passing:.0%}; "
-            f"{perf.bottleneck}"
-        )
+                       spec.levels.grade(fraction))
+    if perf.level == "below target":
+        result.causes.append(f"too slow: {fraction:.0%} of roofline, needs "
+                             f"{spec.levels.passing:.0%}; {perf.bottleneck}")
     return perf

@@ -26,6 +26,10 @@ _PATTERNS: dict[torch.dtype, tuple[torch.dtype, int]] = {
 }
 
 
+def supports(dtype: torch.dtype) -> bool:
+    return dtype in _PATTERNS
+
+
 def can_poison(t: torch.Tensor) -> bool:
     return t.dtype in _PATTERNS and t.numel() > 0
 

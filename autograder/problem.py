@@ -43,11 +43,14 @@ class Case:
     dtype: torch.dtype = torch.float32
     scale: float = 1.0
     note: str = ""
+    # Inputs given as transposed views (non-contiguous), by name: the strides must be used.
+    transposed: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
         extra = f" scale={self.scale:g}" if self.scale != 1.0 else ""
+        extra += "".join(f" {name} transposed" for name in self.transposed)
         note = f" ({self.note})" if self.note else ""
         return f"{sizes} {dtype_name(self.dtype)}{extra}{note}"
 
@@ -80,15 +83,18 @@ class Tolerance:
     elem: float
 
 
-# Keys are dtype names, plus "tf32" for fp32 inputs multiplied on tensor cores.
+# Keys are dtype names, plus "tf32" for fp32 inputs multiplied on tensor cores. Each is a
+# few times the error of a correct kernel (rounding the exact answer to the output dtype
+# gives a relative error of about 2.8e-4 in fp16 and 2e-3 in bf16; TF32 products about
+# 4e-4), and tight enough that a kernel computing in a lower precision than asked fails.
+EXACT = Tolerance(rel=0.0, elem=0.0)
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp64": Tolerance(rel=1e-12, elem=1e-10),
     "fp32": Tolerance(rel=1e-5, elem=1e-4),
-    "tf32": Tolerance(rel=5e-3, elem=5e-2),
-    "fp16": Tolerance(rel=2e-3, elem=1e-2),
-    "bf16": Tolerance(rel=1.6e-2, elem=8e-2),
-    "int64": Tolerance(rel=0.0, elem=0.0),
-    "int32": Tolerance(rel=0.0, elem=0.0),
+    "tf32": Tolerance(rel=1e-3, elem=5e-3),
+    "fp16": Tolerance(rel=1e-3, elem=5e-3),
+    "bf16": Tolerance(rel=8e-3, elem=4e-2),
+    **{name: EXACT for name in ("int64", "int32", "int16", "int8", "uint8", "bool")},
 }
 
 
@@ -137,10 +143,12 @@ class Problem:
     # True: the grader allocates the output and passes it last, candidate(*inputs, out).
     output_arg: bool = False
     out_shape: Callable[[Case], tuple[int, ...]] | None = None
-    # The exercise asks for a kernel of the learner's own: a call to one of
-    # ``library_ops`` (aten op names, as torch dispatches them) is reported, and so is
-    # a candidate that launches no Triton kernel at all.
-    kernel_required: bool = True
+    # The output must be contiguous (a view with other strides is not the answer asked).
+    out_contiguous: bool = False
+    # The kind of kernel the exercise asks for: "triton", "cupy", or None for a plain
+    # function. With a kernel, a call to one of ``library_ops`` (aten op names as torch
+    # dispatches them) is reported; with "triton", so is launching no Triton kernel.
+    kernel: str | None = "triton"
     library_ops: frozenset[str] = frozenset()
     # fp32 ``tl.dot`` runs in TF32 on a GPU by default; grade fp32 with the tf32 tolerance.
     tf32_on_gpu: bool = False

@@ -39,6 +39,7 @@ class Performance:
     method: str = ""
     fraction: float | None = None
     level: str | None = None
+    not_measured: str = ""  # why nothing was measured: "no GPU", "measure=False", ...
 
     @property
     def measured(self) -> bool:
@@ -60,12 +61,15 @@ class Performance:
     @property
     def line(self) -> str:
         if not self.measured:
-            return (f"no GPU, nothing measured; at {self.case.label} the {self.ceilings.device} "
-                    f"datasheet floor is {self.floor.seconds * 1e6:.3g} µs "
-                    f"({self.floor.bound}-bound)")
+            return (f"nothing measured ({self.not_measured or 'no GPU'}); at {self.case.label} "
+                    f"the {self.ceilings.device} datasheet floor is "
+                    f"{self.floor.seconds * 1e6:.3g} µs ({self.floor.bound}-bound)")
         assert self.fraction is not None
-        return (f"{self.seconds * 1e6:.1f} µs median ({self.method}), {self.fraction:.0%} of "
+        line = (f"{self.seconds * 1e6:.1f} µs median ({self.method}), {self.fraction:.0%} of "
                 f"roofline [{self.level}], {self.floor.bound}-bound")
+        if self.fraction > 1.05:  # faster than the floor: the data came from a cache
+            line += " (faster than the floor: inputs likely served from L2, not memory)"
+        return line
 
 
 @dataclass
@@ -80,6 +84,7 @@ class CheckResult:
     library_calls: list[str] = field(default_factory=list)
     triton_launches: dict[str, int] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)  # reasons for failing, in words
+    skipped: list[str] = field(default_factory=list)  # cases not run here, and why
     not_implemented: bool = False
 
     @property
@@ -109,11 +114,12 @@ class CheckResult:
 
     @property
     def worst_case(self) -> CaseResult | None:
+        """The first failing case; if all pass, the one with the largest error."""
         failing = [c for c in self.cases if not c.ok]
         if failing:
             return failing[0]
-        with_errors = [c for c in self.cases if c.comparison and c.comparison.ok]
-        return max(with_errors, key=lambda c: c.comparison.rel_error, default=None)
+        compared = [c for c in self.cases if c.comparison is not None]
+        return max(compared, key=lambda c: c.comparison.rel_error, default=None)
 
     @property
     def line(self) -> str:
@@ -134,6 +140,7 @@ class CheckResult:
         for case in self.cases:
             mark = "ok  " if case.ok else "FAIL"
             lines.append(f"  {mark} {case.case.label}: {case.summary}")
+        lines += [f"  skip {reason}" for reason in self.skipped]
         if self.performance:
             lines.append(f"  {self.performance.bottleneck}")
         lines.append(f"  (inputs seed {self.seed}: check(..., seed={self.seed}) repeats them)")

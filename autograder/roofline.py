@@ -11,9 +11,11 @@ directory. Datasheet numbers (``datasheet.py``) are shown beside them, never use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -118,21 +120,39 @@ def measure_bandwidth(nbytes: int | None = None) -> float:
     return 2 * n * 4 / timing.median_s
 
 
+@contextlib.contextmanager
+def _tf32(enabled: bool) -> Iterator[None]:
+    """Let cuBLAS use TF32 tensor cores for fp32 matmuls, or not, for the ``with`` block.
+
+    torch >= 2.9 has ``fp32_precision`` ("tf32"/"ieee"); mixing it with the older
+    ``allow_tf32`` flag makes torch raise, so use the new one wherever it exists.
+    """
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        previous = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = previous
+    else:  # torch < 2.9
+        previous = matmul.allow_tf32
+        matmul.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = previous
+
+
 def measure_matmul_flops(dtype: str, n: int = 8192) -> float:
     """FLOP/s of torch.matmul on n×n×n: the library's best effort is the practical peak."""
     from .timing import time_gpu
 
     torch_dtype = MATMUL_DTYPES[dtype]
-    # fp32 and tf32 share a dtype; the float32 matmul precision picks the unit. "highest"
-    # is true fp32 (PyTorch's default), "high" lets cuBLAS use TF32 tensor cores.
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
-    try:
+    with _tf32(dtype == "tf32"):
         a = torch.randn(n, n, device="cuda", dtype=torch_dtype)
         b = torch.randn(n, n, device="cuda", dtype=torch_dtype)
         timing = time_gpu(lambda: torch.matmul(a, b))
-    finally:
-        torch.set_float32_matmul_precision(previous)
     return 2 * n**3 / timing.median_s
 
 

@@ -1,7 +1,7 @@
-"""Candidates for coalescing/vector_add, each with one classic bug, and one without.
+"""Candidates with one classic bug each (and a few without), for the course's problems.
 
-The tests and ``rooflab check`` both grade these; each should fail with a message that
-names its bug.
+The tests and ``rooflab check`` both grade these; each broken one should fail with a
+message that names its bug.
 """
 
 import torch
@@ -95,3 +95,99 @@ def calls_library(x, y):
 def not_implemented(x, y):
     # YOUR CODE HERE
     raise NotImplementedError()
+
+
+@triton.jit
+def _add_unmasked_store(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y)  # forgot the mask: the last block writes past the end
+
+
+def writes_out_of_bounds(x, y):
+    out = torch.empty_like(x)
+    _add_unmasked_store[(triton.cdiv(x.numel(), 128),)](x, y, out, x.numel(), BLOCK=128)
+    return out
+
+
+@triton.jit
+def _add_tutorial(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)  # adds in the input dtype, bf16 included
+
+
+def tutorial_add(x, y):
+    """Correct, written as Triton's tutorial does: no upcast before adding."""
+    out = torch.empty_like(x)
+    _add_tutorial[(triton.cdiv(x.numel(), 128),)](x, y, out, x.numel(), BLOCK=128)
+    return out
+
+
+# coalescing/transpose
+
+@triton.jit
+def _copy_tile(x_ptr, out_ptr, M, N, sxm, sxn, som, son, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    tile = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask)
+    tl.store(out_ptr + rows[:, None] * som + cols[None, :] * son, tile, mask=mask)
+
+
+def _copy(x):
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(x.shape[0], 32), triton.cdiv(x.shape[1], 32))
+    _copy_tile[grid](x, out, *x.shape, *x.stride(), *out.stride(), BLOCK=32)
+    return out
+
+
+def transpose_as_view(x):
+    """Copies x with a kernel, then returns the copy's .T: right values, wrong layout."""
+    return _copy(x).T
+
+
+def transpose_returns_input(x):
+    """Launches a kernel for show, then returns a view of its input."""
+    _copy(x)
+    return x.T
+
+
+def transpose_with_copy_(x):
+    """Lets torch do the transpose with copy_."""
+    _copy(x)
+    out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
+    return out.copy_(x.T)
+
+
+# matmul/tiled
+
+@triton.jit
+def _matmul_fp16_acc(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                     BLOCK: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rk = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float16)  # should be float32
+    for k0 in range(0, K, BLOCK):
+        k = k0 + rk
+        a = tl.load(a_ptr + rm[:, None] * sam + k[None, :] * sak,
+                    mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + k[:, None] * sbk + rn[None, :] * sbn,
+                    mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b).to(tl.float16)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def matmul_accumulating_in_fp16(a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+    _matmul_fp16_acc[grid](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK=32)
+    return c

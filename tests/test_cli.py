@@ -27,6 +27,7 @@ def test_check_passes_a_correct_kernel(capsys):
     "function, words",
     [
         ("skips_tail", "never written"),
+        ("writes_out_of_bounds", "elements outside a tensor it allocated"),
         ("leaves_half_unwritten", "500 of 1000 elements were never written"),
         ("modifies_input", "modified its input"),
         ("wrong_dtype", "dtype fp32, expected fp16"),
@@ -63,6 +64,24 @@ def test_usage_errors_exit_2(capsys, argv, words):
     assert words in out
 
 
+@pytest.mark.parametrize("source, words", [
+    ("def add(x, y:\n    pass\n", "SyntaxError"),
+    ("import no_such_module_here\n", "No module named 'no_such_module_here'"),
+])
+def test_a_learner_file_that_does_not_load_fails_with_its_line(capsys, tmp_path, source, words):
+    candidate = tmp_path / "mine.py"
+    candidate.write_text(source)
+    code, out = run(capsys, "check", "coalescing/vector_add", f"{candidate}:add")
+    assert code == EXIT_FAIL
+    assert words in out and "line 1" in out
+
+
+def test_unknown_card_is_a_usage_error(capsys):
+    code, out = run(capsys, "roofline", "--card", "Voodoo 2")
+    assert code == EXIT_USAGE
+    assert "unknown card 'Voodoo 2'" in out and "H100 SXM" in out
+
+
 def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["check", "coalescing/vector_add"])
@@ -96,8 +115,8 @@ def test_roofline_on_cpu_says_nothing_was_measured(capsys, tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("CPU behaviour")
-    target = tmp_path / "ceilings.json"
-    code, out = run(capsys, "roofline", "--card", "A100 80GB", "--json", str(target))
+    code, out = run(capsys, "roofline", "--card", "A100 80GB", "--json", f"{tmp_path}/")
+    (target,) = tmp_path.glob("*.json")  # <card>-<date>.json
     assert code == EXIT_PASS
     assert "Nothing measured" in out and "A100 80GB" in out
     record = json.loads(target.read_text())

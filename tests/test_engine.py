@@ -83,7 +83,11 @@ def test_matmul_that_calls_torch_mm_is_reported():
 
 
 def test_no_kernel_at_all_is_reported():
-    result = grade(lambda x, y: (x.double() - (-y.double())).to(x.dtype))
+    def plain_torch(x, y):  # no library add, but no kernel either
+        exact = torch.addcmul(x.double(), y.double(), torch.ones_like(y.double()))
+        return exact.to(x.dtype)
+
+    result = grade(plain_torch)
     assert not result.passed
     assert any("launched no Triton kernel" in c for c in result.causes)
 
@@ -167,7 +171,7 @@ OUT_PROBLEM = register(Problem(
     gpu_cases=[Case({"n": 1 << 20})],
     output_arg=True,
     out_shape=lambda case: (case.sizes["n"],),
-    kernel_required=False,
+    kernel=None,
 ))
 
 
@@ -208,3 +212,57 @@ def test_gpu_check_measures_and_rechecks_after_timing():
     assert perf.seconds > 0 and 0 < perf.fraction <= 1.2
     assert perf.floor.bound == "memory"
     assert result.mode.startswith("GPU: ")
+
+
+def test_write_past_the_end_is_reported_not_a_crash():
+    result = grade(bk.writes_out_of_bounds)
+    tail = next(c for c in result.cases if c.case.sizes["n"] == 1000)
+    assert "wrote 24 elements outside a tensor it allocated, shape (1000,)" in tail.summary
+
+
+def test_tutorial_style_kernel_passes_and_bf16_is_left_to_the_gpu():
+    result = grade(bk.tutorial_add)
+    assert result.passed, result.message()
+    if not torch.cuda.is_available():
+        assert any("bf16 is graded on a GPU only" in reason for reason in result.skipped)
+        assert all(c.case.dtype != torch.bfloat16 for c in result.cases)
+        assert "skip" in result.message()
+
+
+@pytest.mark.parametrize("candidate, words", [
+    (bk.transpose_as_view, "not contiguous"),
+    (bk.transpose_returns_input, "returned (a view of) argument 0"),
+    (bk.transpose_with_copy_, "calls the library (aten.copy_)"),
+])
+def test_transpose_shortcuts_fail(candidate, words):
+    result = grade(candidate, problem="coalescing/transpose")
+    assert not result.passed
+    assert words in result.causes[0]
+
+
+def test_transpose_reads_strided_input():
+    from rooflab.kernels.transpose import transpose
+
+    result = grade(transpose, problem="coalescing/transpose")
+    assert result.passed, result.message()
+    assert any(c.case.transposed == ("x",) for c in result.cases)
+
+
+def test_matmul_accumulating_in_fp16_fails_on_long_k():
+    result = grade(bk.matmul_accumulating_in_fp16, problem="matmul/tiled")
+    long_k = next(c for c in result.cases if c.case.sizes["k"] >= 1000)
+    assert not long_k.ok and "relative error" in long_k.summary
+
+
+def test_exception_points_at_the_learners_line_not_tritons():
+    import triton
+
+    def bad_block(x, y):
+        out = torch.empty_like(x)
+        bk._add[(triton.cdiv(x.numel(), 100),)](x, y, out, x.numel(), BLOCK=100, MASKED=True)
+        return out
+
+    result = grade(bad_block)
+    summary = result.cases[0].summary
+    assert "test_engine.py" in summary and "bk._add" in summary
+    assert "triton/" not in summary

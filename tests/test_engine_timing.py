@@ -30,7 +30,7 @@ PROBLEM = Problem(
     cpu_cases=[Case({"n": 10})],
     gpu_cases=[Case({"n": 100}), Case({"n": N})],
     levels=Levels(passing=0.5, good=0.7, excellent=0.9),
-    kernel_required=False,
+    kernel=None,
 )
 
 
