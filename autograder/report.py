@@ -68,8 +68,8 @@ def html(result: CheckResult) -> str:
 def _roofline_figure(result: CheckResult):
     """The roofline with the kernel's point, when it was measured and plotly is present."""
     perf = result.performance
-    if perf is None or not perf.measured:
-        return None
+    if perf is None or not perf.measured or not perf.cost.flops:
+        return None  # a pure copy has no place on a FLOP/s axis; the text says it all
     try:
         from .plot import roofline_figure
     except ImportError:
