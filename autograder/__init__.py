@@ -16,7 +16,7 @@ from . import versions as _versions  # noqa: E402
 _versions.warn_if_broken()
 
 from .device import current as current_device  # noqa: E402
-from .engine import check  # noqa: E402
+from .engine import check, hint, passed  # noqa: E402
 from .problem import Case, Cost, Levels, Problem, Tolerance, all_problems, register  # noqa: E402
 from .problem import get as get_problem  # noqa: E402
 from .result import CheckResult  # noqa: E402
@@ -32,5 +32,7 @@ __all__ = [
     "check",
     "current_device",
     "get_problem",
+    "hint",
+    "passed",
     "register",
 ]

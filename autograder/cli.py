@@ -4,6 +4,7 @@
     rooflab list                         the problems and their signatures
     rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error)
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
+    rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
 """
 
 from __future__ import annotations
@@ -172,6 +173,23 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
     print(f"wrote {target}")
 
 
+def cmd_build(args: argparse.Namespace) -> int:
+    from .build import build, masters
+
+    root = Path(args.root)
+    if not masters(root):
+        raise UsageError(f"no lab masters (book/NN_topic.md) under {root.resolve()}")
+    stale = build(root, check_only=args.check)
+    for path in stale:
+        print(f"{'stale' if args.check else 'wrote'}: {path.relative_to(root)}")
+    if args.check and stale:
+        print("run `rooflab build` and commit the notebooks")
+        return EXIT_FAIL
+    if not stale:
+        print("notebooks are up to date")
+    return EXIT_PASS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rooflab", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -184,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("function", help="FILE.py:FUNCTION or MODULE:FUNCTION")
     p.add_argument("--seed", type=int, default=None, help="repeat the inputs of an earlier run")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case")
+
+    p = commands.add_parser("build", help="write labs/ and solutions/ from the masters")
+    p.add_argument("--check", action="store_true", help="only say which notebooks are stale")
+    p.add_argument("--root", default=".", help="the repository (default: here)")
 
     p = commands.add_parser("roofline", help="this device's ceilings (measured on a GPU)")
     p.add_argument("--remeasure", action="store_true", help="ignore the cache and measure")
@@ -198,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"doctor": cmd_doctor, "list": cmd_list, "check": cmd_check,
-            "roofline": cmd_roofline}
+            "roofline": cmd_roofline, "build": cmd_build}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

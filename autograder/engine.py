@@ -20,6 +20,7 @@ import torch
 
 from . import device as device_layer
 from . import guard, poison, problem, roofline, versions
+from .compare import Comparison
 from .problem import Case, Problem
 from .recording import Recording, recorder
 from .result import CaseResult, CheckResult, Performance
@@ -91,6 +92,17 @@ def _learner_frame(error: BaseException) -> str:
     return ""
 
 
+def _is_stub(error: BaseException) -> bool:
+    """A learner's ``raise NotImplementedError()`` stub, raised directly, from inside an
+    interpreted kernel (wrapped in InterpreterError), or met by the GPU compiler."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, NotImplementedError) or "NotImplementedError" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _describe_exception(error: BaseException) -> str:
     explained = device_layer.explain_launch_error(error)
     if explained:
@@ -157,6 +169,9 @@ class _CaseRun:
         if alias is not None and not spec.output_arg:
             return CaseResult(self.case, error=f"returned (a view of) argument {alias} instead "
                                                "of a new tensor")
+        if spec.compare is not None:
+            cause = spec.compare(output, self.reference(spec))
+            return CaseResult(self.case, Comparison(ok=not cause, cause=cause))
         dtype = spec.expected_dtype(self.case)
         comparison = compare(output, self.reference(spec), dtype=dtype, device=dev,
                              tolerance=spec.tolerance(dtype, on_gpu),
@@ -205,10 +220,10 @@ def check(
                 # reports what matters (inf where the answer is finite) more clearly.
                 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
                 output = run(attempt.inputs, out)
-        except NotImplementedError:
-            result.not_implemented = True
-            break
         except Exception as error:  # the candidate's bug, reported as the case's failure
+            if _is_stub(error):
+                result.not_implemented = True
+                break
             result.cases.append(CaseResult(case, error=_describe_exception(error)))
             continue
         finally:
@@ -220,13 +235,36 @@ def check(
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
     result.causes = _causes(spec, result)
-    if result.passed:
+    if result.passed and spec.timed:
         result.performance = _performance(spec, run, info, seed, measure, result)
+    _last_verdicts[spec.id] = result.passed
     if show:
         result.show()
     if raise_on_failure and not result.passed:
         raise AssertionError(result.message())
     return result
+
+
+_last_verdicts: dict[str, bool] = {}
+
+
+def passed(problem_id: str) -> bool:
+    """Whether the last check of ``problem_id`` in this session passed. Lets a notebook
+    show a learner's kernel in a plot only once it works, instead of crashing the cell."""
+    return _last_verdicts.get(problem_id, False)
+
+
+def hint(problem_id: str, level: int = 1) -> None:
+    """Print hint number ``level`` (1 = a nudge, higher = closer to the answer) for a
+    problem. Hints are shown only when asked for."""
+    spec = problem.get(problem_id)
+    if not spec.hints:
+        text = f"{problem_id} has no hints."
+    else:
+        level = min(max(level, 1), len(spec.hints))
+        more = f" (hint {level + 1} says more)" if level < len(spec.hints) else ""
+        text = f"Hint {level}/{len(spec.hints)} for {problem_id}: {spec.hints[level - 1]}{more}"
+    print(text)
 
 
 def _causes(spec: Problem, result: CheckResult) -> list[str]:

@@ -40,7 +40,7 @@ class Case:
     """
 
     sizes: dict[str, int]
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | None = torch.float32  # None: the inputs are not tensors
     scale: float = 1.0
     note: str = ""
     # Inputs given as transposed views (non-contiguous), by name: the strides must be used.
@@ -52,7 +52,8 @@ class Case:
         extra = f" scale={self.scale:g}" if self.scale != 1.0 else ""
         extra += "".join(f" {name} transposed" for name in self.transposed)
         note = f" ({self.note})" if self.note else ""
-        return f"{sizes} {dtype_name(self.dtype)}{extra}{note}"
+        dtype = f" {dtype_name(self.dtype)}" if self.dtype is not None else ""
+        return f"{sizes}{dtype}{extra}{note}"
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,13 @@ class Problem:
     library_ops: frozenset[str] = frozenset()
     # fp32 ``tl.dot`` runs in TF32 on a GPU by default; grade fp32 with the tf32 tolerance.
     tf32_on_gpu: bool = False
+    # Whether a passing candidate is timed and placed on the roofline (on a GPU).
+    timed: bool = True
+    # For answers that are not tensors (a number, a word): compare(output, reference)
+    # returns "" when right, else what is wrong. Tensor answers use ``compare.py``.
+    compare: Callable[[object, object], str] | None = None
+    # Hints, from a nudge to the key line; ``hint(problem_id, level)`` shows one.
+    hints: Sequence[str] = ()
 
     def cases(self, on_gpu: bool) -> Sequence[Case]:
         return self.gpu_cases if on_gpu else self.cpu_cases

@@ -81,3 +81,41 @@ register(Problem(
     out_contiguous=True,
     library_ops=frozenset({"clone", "copy_", "t_copy", "transpose_copy", "permute_copy"}),
 ))
+
+
+def _strided_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    n, stride = case.sizes["n"], case.sizes["stride"]
+    return (random_tensor((n,), case.dtype, gen, device, case.scale), stride)
+
+
+def _strided_cost(case: Case) -> Cost:
+    n, stride = case.sizes["n"], case.sizes["stride"]
+    kept = -(-n // stride)
+    return Cost(flops=0, bytes=2 * kept * case.dtype.itemsize)
+
+
+register(Problem(
+    id="coalescing/strided_copy",
+    title="Copy every stride-th element into a contiguous vector",
+    signature="(x: Tensor[n], stride: int) -> Tensor[ceil(n / stride)]  # x[::stride]",
+    make_inputs=_strided_inputs,
+    reference=lambda x, stride: x[::stride].contiguous(),
+    cost=_strided_cost,
+    cpu_cases=[
+        Case({"n": 1000, "stride": 1}, torch.float32),
+        Case({"n": 1001, "stride": 4}, torch.float32, note="ragged tail"),
+        Case({"n": 3000, "stride": 7}, torch.float16),
+    ],
+    gpu_cases=[
+        Case({"n": 10_000_019, "stride": 3}, torch.float32),
+        Case({"n": (1 << 26) + 5, "stride": 16}, torch.float16),
+    ],
+    # A strided read cannot reach the bandwidth roof: that is the lesson, not a failure.
+    timed=False,
+    out_contiguous=True,
+    library_ops=frozenset({"clone", "copy_", "slice", "index_select", "contiguous"}),
+    hints=("Program p handles output elements p*BLOCK ... p*BLOCK + BLOCK - 1.",
+           "Output element i is input element i * stride; the mask is on the output index.",
+           "tl.store(out_ptr + offsets, tl.load(x_ptr + offsets * stride, mask=mask), "
+           "mask=mask)"),
+))

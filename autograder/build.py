@@ -1,0 +1,193 @@
+"""Build the notebooks from the lab masters: ``rooflab build``.
+
+Each lab has one master, ``book/NN_topic.md``, a MyST Markdown notebook (the text format
+Jupyter Book and jupytext read): prose, and code cells fenced as ```` ```{code-cell} ````
+with optional ``:tags: [...]``. From it the build writes two notebooks:
+
+* ``solutions/NN_topic.ipynb``: complete;
+* ``labs/NN_topic.ipynb``: each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region
+  replaced by ``# YOUR CODE HERE`` and ``raise NotImplementedError()``, indentation kept.
+
+Kernel code is written once, in ``kernels/``. A code cell line
+``# rooflab-inline: rooflab.kernels.vector_add:add_kernel,vector_add`` is replaced by the
+source of those top-level definitions (decorators included), so the learner reads and
+edits the kernel in the notebook while the tested module stays the single source.
+
+Notebooks are written without outputs and with stable cell ids, so building twice gives
+the same bytes; ``rooflab build --check`` says which committed notebooks are stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+INLINE = re.compile(r"^(\s*)# rooflab-inline: ([\w.]+):([\w,\s]+)$")
+MASTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.md$")
+
+
+@dataclass
+class Cell:
+    kind: str  # "markdown" or "code"
+    source: str
+    tags: list[str] = field(default_factory=list)
+
+
+def read_master(text: str) -> list[Cell]:
+    """Cells of a MyST Markdown notebook. ``+++`` splits markdown cells."""
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "---":  # front matter (kernelspec and the like)
+        lines = lines[lines.index("---", 1) + 1 :]
+    cells: list[Cell] = []
+    prose: list[str] = []
+
+    def flush_prose() -> None:
+        for chunk in "\n".join(prose).split("\n+++\n"):
+            if chunk.strip():
+                cells.append(Cell("markdown", chunk.strip("\n")))
+        prose.clear()
+
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```{code-cell}"):
+            flush_prose()
+            i += 1
+            tags: list[str] = []
+            if i < len(lines) and lines[i].startswith(":tags:"):
+                tags = [t.strip() for t in lines[i].split(":", 2)[2].strip(" []").split(",")]
+                i += 1
+            code = []
+            while lines[i] != "```":
+                code.append(lines[i])
+                i += 1
+            cells.append(Cell("code", "\n".join(code).strip("\n"), [t for t in tags if t]))
+        elif line.strip() == "+++":
+            prose.append("+++")
+        else:
+            prose.append(line)
+        i += 1
+    flush_prose()
+    return cells
+
+
+def definition_source(module_name: str, names: list[str]) -> str:
+    """Source of top-level functions/classes in a module, decorators included, in the
+    order asked, separated by two blank lines."""
+    module = importlib.import_module(module_name)
+    path = Path(module.__file__)
+    source = path.read_text()
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            end = node.end_lineno
+            # Keep comments that close the body (a trailing "### END SOLUTION").
+            body_indent = node.col_offset + 1
+            while end < len(lines) and lines[end].lstrip().startswith("#") and (
+                    len(lines[end]) - len(lines[end].lstrip()) >= body_indent):
+                end += 1
+            found[node.name] = "\n".join(lines[start - 1 : end])
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise KeyError(f"{module_name} has no top-level {', '.join(missing)}")
+    return "\n\n\n".join(found[name] for name in names)
+
+
+def inline(source: str) -> str:
+    """Replace each ``# rooflab-inline: module:a,b`` line with the definitions' source."""
+    out = []
+    for line in source.splitlines():
+        match = INLINE.match(line)
+        if match:
+            indent, module_name, names = match.groups()
+            code = definition_source(module_name, [n.strip() for n in names.split(",")])
+            out.extend(indent + code_line if code_line else "" for code_line in code.splitlines())
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def solution(source: str) -> str:
+    """The complete version: solution markers removed, code kept."""
+    return "\n".join(line for line in source.splitlines() if line.strip() not in (BEGIN, END))
+
+
+def stub(source: str) -> str:
+    """The learner's version: each solution region becomes a stub at its indentation."""
+    out, inside = [], False
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped == BEGIN:
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [f"{indent}# YOUR CODE HERE", f"{indent}raise NotImplementedError()"]
+            inside = True
+        elif stripped == END:
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{BEGIN} without {END}")
+    return "\n".join(out)
+
+
+def notebook_json(cells: list[Cell], stem: str, learner: bool) -> str:
+    """A notebook (nbformat 4.5) as JSON text: no outputs, stable ids, sorted keys."""
+    nb_cells = []
+    for index, cell in enumerate(cells):
+        source = cell.source
+        if cell.kind == "code":
+            source = inline(source)
+            source = stub(source) if learner else solution(source)
+        entry = {
+            "cell_type": cell.kind,
+            "id": f"{stem[:2]}-{index:03d}",
+            "metadata": {"tags": cell.tags} if cell.tags else {},
+            "source": source.splitlines(keepends=True),
+        }
+        if cell.kind == "code":
+            entry.update(execution_count=None, outputs=[])
+        nb_cells.append(entry)
+    notebook = {
+        "cells": nb_cells,
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    return json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def masters(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "book").glob("*.md") if MASTER_NAME.match(p.name))
+
+
+def outputs(master: Path, root: Path) -> dict[Path, str]:
+    """The two notebooks a master builds into, by path."""
+    cells = read_master(master.read_text())
+    name = master.with_suffix(".ipynb").name
+    return {
+        root / "labs" / name: notebook_json(cells, master.stem, learner=True),
+        root / "solutions" / name: notebook_json(cells, master.stem, learner=False),
+    }
+
+
+def build(root: Path, check_only: bool = False) -> list[Path]:
+    """Write (or, with ``check_only``, compare) every notebook. Returns the stale ones."""
+    stale = []
+    for master in masters(root):
+        for path, text in outputs(master, root).items():
+            if not path.exists() or path.read_text() != text:
+                stale.append(path)
+                if not check_only:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text)
+    return stale
