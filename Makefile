@@ -16,7 +16,7 @@ OUT ?= bench/results
 # JupyterLab refuses to start as root unless told it may (containers often run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint gpu-check clean
+.PHONY: lab test lint build gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rooflab needs Python 3.10+"'
@@ -31,11 +31,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
 
+# The unit tests, the learner notebooks (each must fail only at its checks), and every
+# solved notebook run end to end by nbval (each must pass).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests solutions
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# After editing a lab master in book/: regenerate labs/ and solutions/, then commit them.
+build: $(STAMP)
+	$(BIN)/rooflab build
 
 # On a GPU machine: the GPU tests, then this card's ceilings as JSON in $(OUT)/
 # (<card>-<date>.json). PY is the interpreter rooflab is installed in; `make test` or

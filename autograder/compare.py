@@ -22,6 +22,8 @@ class Comparison:
     def summary(self) -> str:
         if self.cause:
             return self.cause
+        if self.rel_error != self.rel_error:  # NaN: an answer compared by its problem's rule
+            return "right" if self.ok else "wrong"
         return f"rel error {self.rel_error:.2e}, worst element {self.max_elem_error:.2e}"
 
 

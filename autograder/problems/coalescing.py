@@ -43,6 +43,12 @@ register(Problem(
     ],
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
     library_ops=frozenset({"add", "add_", "sub", "sum", "stack", "cat", "copy_"}),
+    hints=("Program pid covers the elements pid * BLOCK ... pid * BLOCK + BLOCK - 1: "
+           "tl.program_id(0) and tl.arange(0, BLOCK) give you those offsets.",
+           "The last block runs past n: build mask = offsets < n and pass it to every "
+           "tl.load and tl.store.",
+           "x = tl.load(x_ptr + offsets, mask=mask); the same for y; "
+           "tl.store(out_ptr + offsets, x + y, mask=mask)"),
 ))
 
 
@@ -80,6 +86,12 @@ register(Problem(
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
     out_contiguous=True,
     library_ops=frozenset({"clone", "copy_", "t_copy", "transpose_copy", "permute_copy"}),
+    hints=("Give each program a BLOCK_M × BLOCK_N tile: rows from program_id(0), columns "
+           "from program_id(1); make 2-D offsets with rows[:, None] and cols[None, :].",
+           "Read the tile through x's strides and write the same tile through out's "
+           "strides with rows and columns swapped; mask both dimensions.",
+           "tl.store(out_ptr + cols[None, :] * stride_om + rows[:, None] * stride_on, "
+           "tile, mask=mask)"),
 ))
 
 
