@@ -10,6 +10,7 @@ on the measured roofline, and checks the answer again on the timed inputs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 import warnings
@@ -19,12 +20,13 @@ from pathlib import Path
 import torch
 
 from . import device as device_layer
-from . import guard, poison, problem, roofline, versions
+from . import guard, poison, problem, roofline, traffic, versions
 from .compare import Comparison
 from .problem import Case, Problem
 from .recording import Recording, recorder
 from .result import CaseResult, CheckResult, Performance
 from .timing import time_gpu
+from .trace import tracing
 
 # Frames from these folders are the grader's or a library's, never the learner's bug.
 _NOT_LEARNER = [str(Path(torch.__file__).parent), str(Path(__file__).parent)]
@@ -187,12 +189,18 @@ def check(
     measure: bool = True,
     show: bool = True,
     raise_on_failure: bool = True,
+    target: str | None = None,
 ) -> CheckResult:
     """Grade ``candidate`` on the problem ``problem_id`` ("<lab>/<exercise>").
 
     Runs every case for this device (small ones on a CPU, chip-filling ones on a GPU),
     on fresh random inputs; ``seed`` repeats a previous run's inputs. On a GPU, and if
     ``measure``, also times the largest case and grades its roofline fraction.
+
+    In Triton's interpreter (no GPU), every launch is traced: an out-of-bounds access or
+    a race fails the case, and the largest case's memory traffic predicts where the
+    kernel would land on ``target`` (a card from the datasheet table, or a ceilings JSON
+    measured on a GPU; default $ROOFLAB_TARGET or the H100 SXM datasheet).
 
     Shows the result (HTML in Jupyter, one line elsewhere) and returns a CheckResult.
     Raises AssertionError, with the cause in the message, if the candidate fails.
@@ -206,6 +214,7 @@ def check(
     recording = Recording()
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
+    traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
 
     for index, case in enumerate(spec.cases(on_gpu)):
         if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
@@ -214,8 +223,9 @@ def check(
         generator = torch.Generator(device=dev).manual_seed(seed + index)
         attempt = _CaseRun(spec, case, generator, dev)
         out = run.output_buffer(case)
+        tracer = None
         try:
-            with recorder(recording), warnings.catch_warnings():
+            with recorder(recording), warnings.catch_warnings(), _maybe_tracing() as tracer:
                 # numpy's overflow warnings from inside the interpreter: the comparison
                 # reports what matters (inf where the answer is finite) more clearly.
                 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
@@ -230,13 +240,20 @@ def check(
             allocations, recording.allocations = recording.allocations, []
         if out is not None:
             allocations.append(out)
-        result.cases.append(attempt.judge(spec, output, allocations, on_gpu, dev))
+        launches = tracer.launches if tracer else []
+        broken = _memory_violations(launches)
+        result.cases.append(CaseResult(case, error=broken) if broken else
+                            attempt.judge(spec, output, allocations, on_gpu, dev))
+        if launches and (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
+            traced = (case, launches)
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
     result.causes = _causes(spec, result)
     if result.passed and spec.timed:
         result.performance = _performance(spec, run, info, seed, measure, result)
+        if traced is not None:
+            _predict(spec, traced, target, result)
     _last_verdicts[spec.id] = result.passed
     if show:
         result.show()
@@ -285,6 +302,41 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
     elif spec.kernel == "triton" and not result.triton_launches and not failing:
         causes.append("launched no Triton kernel; this exercise asks for one")
     return causes
+
+
+@contextlib.contextmanager
+def _maybe_tracing():
+    """Trace memory accesses when kernels run in the interpreter; otherwise do nothing."""
+    if not device_layer.interpreter_enabled():
+        yield None
+        return
+    with tracing() as tracer:
+        yield tracer
+
+
+def _memory_violations(launches: list) -> str:
+    """The first out-of-bounds access or race of a case's launches, in words."""
+    for launch in launches:
+        out_of_bounds, races = traffic.violations(launch)
+        if out_of_bounds:
+            return f"out-of-bounds access in {launch.kernel}: {out_of_bounds[0]}"
+        if races:
+            return f"race in {launch.kernel}: {races[0]}"
+    return ""
+
+
+def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
+             result: CheckResult) -> None:
+    """Predict the largest traced case on the target card; grade structural targets."""
+    case, launches = traced
+    ceilings, card = roofline.target(target)
+    cost = spec.cost(case)
+    prediction = traffic.predict(launches, cost.flops, cost.bytes, cost.dtype, ceilings, card,
+                                 case.label)
+    assert result.performance is not None
+    result.performance.prediction = prediction
+    result.performance.predicted_case = case
+    result.causes += spec.structure.failures(prediction)
 
 
 def _largest(cases, spec: Problem) -> Case:

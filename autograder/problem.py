@@ -117,6 +117,28 @@ class Levels:
         return "below target"
 
 
+@dataclass(frozen=True)
+class Structure:
+    """Targets on a kernel's memory traffic, graded from the interpreter's trace (on a CPU),
+    where no time can be measured: how much of each 32-byte sector moved is used, and how
+    many times the compulsory bytes the (L2-filtered) DRAM traffic is."""
+
+    sector_efficiency: float | None = None
+    dram_over_compulsory: float | None = None
+
+    def failures(self, prediction) -> list[str]:
+        failures = []
+        if (self.sector_efficiency is not None
+                and prediction.sector_efficiency < self.sector_efficiency):
+            failures.append(f"memory access pattern: {prediction.bottleneck}; the target is "
+                            f"at least {self.sector_efficiency:.0%}")
+        ratio = prediction.dram / prediction.compulsory if prediction.compulsory else 0.0
+        if self.dram_over_compulsory is not None and ratio > self.dram_over_compulsory:
+            failures.append(f"memory traffic: {ratio:.2f}× the compulsory bytes; the target "
+                            f"is at most {self.dram_over_compulsory:g}×")
+        return failures
+
+
 Inputs = tuple  # positional arguments for the candidate: tensors and plain Python values
 
 
@@ -155,6 +177,8 @@ class Problem:
     tf32_on_gpu: bool = False
     # Whether a passing candidate is timed and placed on the roofline (on a GPU).
     timed: bool = True
+    # Traffic targets graded in the interpreter (see Structure).
+    structure: Structure = field(default_factory=Structure)
     # For answers that are not tensors (a number, a word): compare(output, reference)
     # returns "" when right, else what is wrong. Tensor answers use ``compare.py``.
     compare: Callable[[object, object], str] | None = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from .compare import Comparison
 from .problem import Case, Cost
 from .roofline import Ceilings, Floor
+from .traffic import Prediction
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Performance:
     fraction: float | None = None
     level: str | None = None
     not_measured: str = ""  # why nothing was measured: "no GPU", "measure=False", ...
+    prediction: Prediction | None = None  # from the interpreter's traced traffic
+    predicted_case: Case | None = None
 
     @property
     def measured(self) -> bool:
@@ -60,6 +63,8 @@ class Performance:
 
     @property
     def line(self) -> str:
+        if not self.measured and self.prediction is not None:
+            return f"nothing measured ({self.not_measured or 'no GPU'}); {self.prediction.line}"
         if not self.measured:
             return (f"nothing measured ({self.not_measured or 'no GPU'}); at {self.case.label} "
                     f"the {self.ceilings.device} datasheet floor is "

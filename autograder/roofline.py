@@ -206,3 +206,17 @@ def datasheet_for(device: Device) -> Ceilings | None:
     """The datasheet entry matching this device's name, to show beside the measurement."""
     card = datasheet.lookup(device.name) if device.is_gpu else None
     return from_datasheet(card) if card else None
+
+
+def target(name: str | None = None) -> tuple[Ceilings, datasheet.Card]:
+    """Ceilings and card geometry (L2, SMs) to predict for: a datasheet card name, or a
+    JSON file of ceilings measured on a GPU (as ``rooflab roofline --json`` writes).
+    Default: $ROOFLAB_TARGET, else the H100 SXM datasheet."""
+    name = name or os.environ.get("ROOFLAB_TARGET") or datasheet.DEFAULT_CARD
+    if name.endswith(".json"):
+        record = json.loads(Path(name).read_text())
+        measured = Ceilings(**(record.get("measured") or record))
+        card = datasheet.lookup(measured.device) or datasheet.get(datasheet.DEFAULT_CARD)
+        return measured, card
+    card = datasheet.get(name)
+    return from_datasheet(card), card

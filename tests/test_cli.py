@@ -27,7 +27,7 @@ def test_check_passes_a_correct_kernel(capsys):
     "function, words",
     [
         ("skips_tail", "never written"),
-        ("writes_out_of_bounds", "elements outside a tensor it allocated"),
+        ("writes_out_of_bounds", "past its end"),
         ("leaves_half_unwritten", "500 of 1000 elements were never written"),
         ("modifies_input", "modified its input"),
         ("wrong_dtype", "dtype fp32, expected fp16"),

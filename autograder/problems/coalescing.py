@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..problem import Case, Cost, Levels, Problem, random_tensor, register
+from ..problem import Case, Cost, Levels, Problem, Structure, random_tensor, register
 
 
 def _vector_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
@@ -42,6 +42,7 @@ register(Problem(
         Case({"n": 1 << 26}, torch.float32, note="fills the chip"),
     ],
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
+    structure=Structure(sector_efficiency=0.9, dram_over_compulsory=1.5),
     library_ops=frozenset({"add", "add_", "sub", "sum", "stack", "cat", "copy_"}),
     hints=("Program pid covers the elements pid * BLOCK ... pid * BLOCK + BLOCK - 1: "
            "tl.program_id(0) and tl.arange(0, BLOCK) give you those offsets.",
@@ -76,6 +77,7 @@ register(Problem(
         Case({"m": 67, "n": 130}, torch.float32, note="ragged tiles"),
         Case({"m": 96, "n": 33}, torch.float16, note="ragged tiles"),
         Case({"m": 40, "n": 70}, torch.float32, transposed=("x",)),
+        Case({"m": 96, "n": 128}, torch.float32, note="aligned rows: traced for traffic"),
     ],
     gpu_cases=[
         Case({"m": 1023, "n": 4097}, torch.float32, note="ragged tiles"),
@@ -84,6 +86,8 @@ register(Problem(
         Case({"m": 8192, "n": 8192}, torch.float32, note="fills the chip"),
     ],
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
+    # On a CPU: reads and writes must both use (nearly) whole sectors, as a tile does.
+    structure=Structure(sector_efficiency=0.9),
     out_contiguous=True,
     library_ops=frozenset({"clone", "copy_", "t_copy", "transpose_copy", "permute_copy"}),
     hints=("Give each program a BLOCK_M × BLOCK_N tile: rows from program_id(0), columns "

@@ -1,0 +1,157 @@
+"""Record every memory access a Triton kernel makes in the interpreter.
+
+Triton's interpreter funnels all global memory traffic through a handful of methods on one
+builder object: masked loads and stores (plain pointers, block pointers and tensor
+descriptors all end there), atomic read-modify-writes and compare-and-swaps. While
+``tracing()`` is active those methods are wrapped to note, for each access, which program
+made it, the absolute addresses of its lanes, which lanes were active, and the element
+size. The builder is private to Triton and its method signatures differ between versions
+(3.6 passes an eviction policy that 3.9 does not), so only the leading arguments, which all
+supported versions share, are read. When tracing is off nothing is wrapped: it costs
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Access:
+    kind: str  # "load", "store" or "atomic"
+    program: int  # linear program id, x fastest (the order programs are launched in)
+    addresses: np.ndarray  # uint64, the block's shape
+    active: np.ndarray  # bool, same shape: lanes the mask let through
+    element_size: int
+
+
+@dataclass
+class TensorArg:
+    name: str
+    base: int  # address of element 0 of the view
+    extent: int  # bytes from base to one past the view's last element
+    element_size: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def contains(self, addresses: np.ndarray) -> np.ndarray:
+        return (addresses >= self.base) & (addresses < self.base + self.extent)
+
+
+@dataclass
+class Launch:
+    """One kernel launch: its grid, its tensor arguments, and every access it made."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    tensors: list[TensorArg]
+    accesses: list[Access] = field(default_factory=list)
+
+    @property
+    def programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+def _tensor_args(names: list[str], args: tuple, kwargs: dict) -> list[TensorArg]:
+    tensors = []
+    for name, value in [*zip(names, args, strict=False), *kwargs.items()]:
+        value = getattr(value, "base", value) if type(value).__name__ == "TensorDescriptor" \
+            else value
+        if not hasattr(value, "data_ptr") or not hasattr(value, "stride"):
+            continue
+        size = value.element_size()
+        span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride(), strict=True)) \
+            if value.numel() else 0
+        tensors.append(TensorArg(name, value.data_ptr(), span * size, size, tuple(value.shape),
+                                 tuple(value.stride())))
+    return tensors
+
+
+def _grid(grid, names: list[str], args: tuple, kwargs: dict) -> tuple[int, int, int]:
+    if callable(grid):
+        grid = grid({**dict(zip(names, args, strict=False)), **kwargs})
+    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+    return grid[0], grid[1], grid[2]
+
+
+class Tracer:
+    """Collects launches while active. Not thread-safe: the interpreter is single-threaded."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+        self._current: Launch | None = None
+
+    def _note(self, kind: str, ptrs, active) -> None:
+        if self._current is None:
+            return
+        from triton.runtime.interpreter import interpreter_builder as builder
+
+        x, y, z = builder.grid_idx
+        nx, ny, _ = builder.grid_dim
+        addresses = np.array(ptrs.data, dtype=np.uint64, copy=True)
+        if active is None:
+            active_lanes = np.ones(addresses.shape, dtype=bool)
+        else:
+            active_lanes = np.broadcast_to(np.asarray(active.data, dtype=bool),
+                                           addresses.shape).copy()
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        self._current.accesses.append(Access(kind, x + nx * (y + ny * z), addresses,
+                                             active_lanes, size))
+
+
+@contextlib.contextmanager
+def tracing() -> Iterator[Tracer]:
+    """Record the memory accesses of every interpreted launch inside the ``with`` block."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.interpreter import interpreter_builder as builder
+
+    tracer = Tracer()
+    originals = {name: getattr(builder, name) for name in
+                 ("create_masked_load", "create_masked_store", "create_atomic_rmw",
+                  "create_atomic_cas")}
+    original_run = InterpretedFunction.run
+
+    def load(ptrs, mask, *rest, **kw):
+        tracer._note("load", ptrs, mask)
+        return originals["create_masked_load"](ptrs, mask, *rest, **kw)
+
+    def store(ptrs, value, mask, *rest, **kw):
+        tracer._note("store", ptrs, mask)
+        return originals["create_masked_store"](ptrs, value, mask, *rest, **kw)
+
+    def rmw(op, ptr, val, mask, *rest, **kw):
+        tracer._note("atomic", ptr, mask)
+        return originals["create_atomic_rmw"](op, ptr, val, mask, *rest, **kw)
+
+    def cas(ptr, cmp, val, *rest, **kw):
+        tracer._note("atomic", ptr, None)
+        return originals["create_atomic_cas"](ptr, cmp, val, *rest, **kw)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if warmup:
+            return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        names = list(inspect.signature(self.fn).parameters)
+        outer, tracer._current = tracer._current, Launch(
+            self.fn.__name__, _grid(grid, names, args, kwargs),
+            _tensor_args(names, args, kwargs))
+        try:
+            return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        finally:
+            tracer.launches.append(tracer._current)
+            tracer._current = outer
+
+    for name, wrapper in (("create_masked_load", load), ("create_masked_store", store),
+                          ("create_atomic_rmw", rmw), ("create_atomic_cas", cas)):
+        setattr(builder, name, wrapper)
+    InterpretedFunction.run = run
+    try:
+        yield tracer
+    finally:
+        InterpretedFunction.run = original_run
+        for name in originals:
+            delattr(builder, name)  # back to the class's methods
