@@ -4,6 +4,7 @@
     rooflab list                         the problems and their signatures
     rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error)
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
+    rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
     rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
 """
 
@@ -20,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
+
+import torch
 
 # Importing the autograder switches on the interpreter before any learner kernel exists.
 from . import datasheet, device, problem, roofline, versions
@@ -173,6 +176,39 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
     print(f"wrote {target}")
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Run a function on a problem's largest CPU case in the interpreter and print what
+    each launch costs the memory system, and the prediction for a card."""
+    from . import traffic
+    from .engine import _CaseRun, _largest
+    from .trace import tracing
+
+    if not device.interpreter_enabled():
+        raise UsageError("tracing needs Triton's interpreter: run it where there is no GPU, "
+                         "or with TRITON_INTERPRET=1")
+    try:
+        spec = problem.get(args.problem)
+    except KeyError as error:
+        raise UsageError(error.args[0]) from None
+    function = load_function(args.function)
+    case = _largest([c for c in spec.cpu_cases if c.dtype is not torch.bfloat16], spec)
+    attempt = _CaseRun(spec, case, torch.Generator().manual_seed(0), torch.device("cpu"))
+    with tracing() as tracer:
+        function(*attempt.inputs)
+    ceilings, card = roofline.target(args.card)
+    print(f"{spec.id} at {case.label}, on {card.name} (L2 {card.l2_bytes >> 20} MiB, "
+          f"{card.sm_count} SMs)")
+    for launch in tracer.launches:
+        print("\n".join(traffic.analyze(launch, card).lines()))
+    cost = spec.cost(case)
+    if cost.bytes:
+        prediction = traffic.predict(tracer.launches, cost.flops, cost.bytes, cost.dtype,
+                                     ceilings, card, case.label)
+        print(prediction.line)
+        print(f"  {prediction.bottleneck}")
+    return EXIT_PASS
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import build, masters
 
@@ -203,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="repeat the inputs of an earlier run")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case")
 
+    p = commands.add_parser("trace", help="memory traffic of a function, in the interpreter")
+    p.add_argument("problem", help='problem id, e.g. "coalescing/transpose"')
+    p.add_argument("function", help="FILE.py:FUNCTION or MODULE:FUNCTION")
+    p.add_argument("--card", default=None, help="card to predict for (default H100 SXM), or "
+                   "a ceilings JSON measured on a GPU")
+
     p = commands.add_parser("build", help="write labs/ and solutions/ from the masters")
     p.add_argument("--check", action="store_true", help="only say which notebooks are stale")
     p.add_argument("--root", default=".", help="the repository (default: here)")
@@ -220,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"doctor": cmd_doctor, "list": cmd_list, "check": cmd_check,
-            "roofline": cmd_roofline, "build": cmd_build}
+            "roofline": cmd_roofline, "build": cmd_build, "trace": cmd_trace}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

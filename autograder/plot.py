@@ -47,3 +47,46 @@ def roofline_figure(
         margin={"t": 40, "b": 40, "l": 60, "r": 20},
     )
     return fig
+
+
+def program_heatmap(report) -> go.Figure:
+    """DRAM bytes each program moves (no reuse between programs), laid out as the grid."""
+    z, y, x = report.per_program.shape
+    grid = report.per_program[0] if z == 1 else report.per_program.sum(axis=0)
+    fig = go.Figure(go.Heatmap(z=grid / 1024, colorscale="Viridis",
+                               colorbar={"title": "KiB"},
+                               hovertemplate="program (%{x}, %{y}): %{z:.1f} KiB<extra></extra>"))
+    fig.update_layout(
+        title=f"{report.kernel}: bytes moved per program ({x}×{y} grid)",
+        xaxis={"title": "program_id(0)"}, yaxis={"title": "program_id(1)", "autorange": "reversed"},
+        height=360, margin={"t": 50, "b": 40, "l": 60, "r": 20})
+    return fig
+
+
+def access_pattern(launch, program: int, tensor: str) -> go.Figure:
+    """Which elements of one tensor one program loads and stores, drawn over the tensor.
+    Each cell is an element; colour says loaded, stored, or untouched."""
+    import numpy as np
+
+    arg = next(t for t in launch.tensors if t.name == tensor)
+    shape = arg.shape if len(arg.shape) == 2 else (1, int(np.prod(arg.shape)))
+    stride = arg.stride if len(arg.stride) == 2 else (0, 1)
+    offsets = (np.arange(shape[0])[:, None] * stride[0]
+               + np.arange(shape[1])[None, :] * stride[1]) * arg.element_size + arg.base
+    marks = np.zeros(shape)
+    for access in launch.accesses:
+        if access.program != program:
+            continue
+        touched = access.addresses[access.active]
+        hit = np.isin(offsets.astype(np.uint64), touched)
+        marks[hit] = np.maximum(marks[hit], 2 if access.kind != "load" else 1)
+    fig = go.Figure(go.Heatmap(
+        z=marks, zmin=0, zmax=2, showscale=False,
+        colorscale=[[0, "#f0f0f0"], [0.5, "#4c78a8"], [1, "#e45756"]],
+        hovertemplate="element (%{y}, %{x})<extra></extra>"))
+    fig.update_layout(
+        title=f"{launch.kernel}, program {program}: elements of {tensor} loaded (blue) "
+              "and stored (red)",
+        xaxis={"title": "column"}, yaxis={"title": "row", "autorange": "reversed"},
+        height=360, margin={"t": 50, "b": 40, "l": 60, "r": 20})
+    return fig

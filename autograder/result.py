@@ -51,6 +51,11 @@ class Performance:
     @property
     def bottleneck(self) -> str:
         """The bound in words, with the numbers that make it so."""
+        if not self.measured and self.prediction is not None:
+            p = self.prediction
+            return (f"predicted, not measured: {p.bottleneck}; DRAM {p.dram:,} B for "
+                    f"{p.compulsory:,.0f} B compulsory, sector efficiency "
+                    f"{p.sector_efficiency:.0%}")
         cost, ceil = self.cost, self.ceilings
         if self.floor.bound == "memory":
             return (f"memory-bound: {cost.bytes / 1e6:.3g} MB at "

@@ -134,3 +134,16 @@ def test_console_script_exit_status(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 1
     assert "FAIL coalescing/vector_add" in bad.stdout
+
+
+def test_trace_prints_the_traffic_report_and_a_labelled_prediction(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("traces the interpreter")
+    code, out = run(capsys, "trace", "coalescing/transpose",
+                    "rooflab.kernels.transpose:transpose_rows")
+    assert code == EXIT_PASS
+    assert "out_ptr: 49,152 B in 12,288 sectors, 12.5% used" in out
+    assert "predicted for H100 SXM, datasheet (not measured)" in out
+    assert "uncoalesced" in out

@@ -144,3 +144,15 @@ def test_per_program_bytes_form_the_grid():
     report = analyze(traced(transpose, torch.randn(64, 96), block=32), H100)
     assert report.per_program.shape == (1, 3, 2)  # (z, y, x) for a 2×3 grid
     assert np.all(report.per_program == 2 * 32 * 32 * 4)
+
+
+def test_pictures_show_bytes_per_program_and_one_programs_elements():
+    plot = pytest.importorskip("rooflab.autograder.plot")
+    launch = traced(transpose, torch.randn(64, 96), block=32)
+    heat = plot.program_heatmap(analyze(launch, H100))
+    assert heat.data[0].z.shape == (3, 2)
+    pattern = plot.access_pattern(launch, program=0, tensor="out_ptr")
+    marks = np.asarray(pattern.data[0].z)
+    assert marks.shape == (96, 64)
+    assert (marks == 2).sum() == 32 * 32  # program 0 stores one 32×32 tile of out
+    assert (marks[:32, :32] == 2).all()
