@@ -16,7 +16,9 @@ import torch
 
 from . import poison
 
-MARGIN_BYTES = 512  # keeps the 16-byte (and larger) alignment Triton specialises on
+# Wide enough for a whole unmasked block past the end (1024 fp32 lanes, a 128-row tile),
+# and a multiple of 512 so views keep the alignment Triton specialises on.
+MARGIN_BYTES = 64 * 1024
 
 
 def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:

@@ -5,8 +5,9 @@ builder object: masked loads and stores (plain pointers, block pointers and tens
 descriptors all end there), atomic read-modify-writes and compare-and-swaps. While
 ``tracing()`` is active those methods are wrapped to note, for each access, which program
 made it, the absolute addresses of its lanes, which lanes were active, and the element
-size. The builder is private to Triton and its method signatures differ between versions
-(3.6 passes an eviction policy that 3.9 does not), so only the leading arguments, which all
+size; lanes that point outside every tensor argument are recorded but not performed.
+The builder is private to Triton and its method signatures differ between versions (3.6
+passes an eviction policy that 3.9 does not), so only the leading arguments, which all
 supported versions share, are read. When tracing is off nothing is wrapped: it costs
 nothing.
 """
@@ -86,6 +87,29 @@ class Tracer:
         self.launches: list[Launch] = []
         self._current: Launch | None = None
 
+    def _inside(self, ptrs):
+        """Which lanes point inside some tensor argument of the current launch."""
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for tensor in self._current.tensors:
+            inside |= tensor.contains(addresses)
+        return inside
+
+    def _contain(self, ptrs, mask):
+        """The mask with lanes outside every tensor argument switched off. The access is
+        still recorded as it was asked for (and reported); it just does not happen: an
+        out-of-bounds store in the interpreter would overwrite the Python process's own
+        memory and kill it (in Jupyter, the kernel) with no message."""
+        if self._current is None or mask is None:
+            return mask
+        from triton.runtime.interpreter import TensorHandle
+
+        inside = self._inside(ptrs)
+        active = np.broadcast_to(np.asarray(mask.data, dtype=bool), inside.shape)
+        if (active & ~inside).any():
+            return TensorHandle(active & inside, mask.dtype)
+        return mask
+
     def _note(self, kind: str, ptrs, active) -> None:
         if self._current is None:
             return
@@ -118,15 +142,17 @@ def tracing() -> Iterator[Tracer]:
 
     def load(ptrs, mask, *rest, **kw):
         tracer._note("load", ptrs, mask)
-        return originals["create_masked_load"](ptrs, mask, *rest, **kw)
+        return originals["create_masked_load"](ptrs, tracer._contain(ptrs, mask), *rest, **kw)
 
     def store(ptrs, value, mask, *rest, **kw):
         tracer._note("store", ptrs, mask)
-        return originals["create_masked_store"](ptrs, value, mask, *rest, **kw)
+        return originals["create_masked_store"](ptrs, value, tracer._contain(ptrs, mask),
+                                                *rest, **kw)
 
     def rmw(op, ptr, val, mask, *rest, **kw):
         tracer._note("atomic", ptr, mask)
-        return originals["create_atomic_rmw"](op, ptr, val, mask, *rest, **kw)
+        return originals["create_atomic_rmw"](op, ptr, val, tracer._contain(ptr, mask),
+                                              *rest, **kw)
 
     def cas(ptr, cmp, val, *rest, **kw):
         tracer._note("atomic", ptr, None)

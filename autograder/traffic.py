@@ -146,9 +146,13 @@ def _describe_oob(access: Access, launch: Launch, address: int, grid) -> str:
                                                                    key=lambda t: t.base)
     offset = (int(address) - tensor.base) // tensor.element_size
     size = tensor.extent // tensor.element_size
+    if not -size <= offset < 2 * size + 4096:  # nowhere near any tensor: a wild pointer
+        return (f"program {program} {access.kind}s at an address far outside every tensor "
+                "argument: check the offsets (strides swapped? a pointer added twice?)")
     where = "past its end" if offset >= size else "before its start"
+    elements = "element" if size == 1 else "elements"
     return (f"program {program} {access.kind}s {tensor.name}[{offset}], {where} "
-            f"({tensor.name} has {size} elements): a missing or wrong mask")
+            f"({tensor.name} has {size} {elements}): a missing or wrong mask")
 
 
 def _lru_misses(waves: list[np.ndarray], capacity: int) -> int:
@@ -254,8 +258,10 @@ def _races(stores: list[tuple[np.ndarray, np.ndarray]], launch: Launch) -> list[
                       None)
         where = (f"{tensor.name}[{(addr - tensor.base) // tensor.element_size}]" if tensor
                  else hex(addr))
-        messages.append(f"programs {who[0]} and {who[1]} both store to {where} without an "
-                        "atomic: the result depends on which runs last")
+        messages.append(f"programs {who[0]} and {who[1]} both store to {where}: the result "
+                        "depends on which runs last. Check the offsets each program computes "
+                        "(does each cover its own block?); if sharing is intended, use an "
+                        "atomic")
     if len(shared) > 3:
         messages.append(f"... {len(shared)} addresses in all")
     return messages

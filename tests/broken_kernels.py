@@ -112,6 +112,14 @@ def writes_out_of_bounds(x, y):
     return out
 
 
+def writes_a_whole_block_out_of_bounds(x, y):
+    """The same bug with blocks of 1024: up to 4 KiB past the end, enough to corrupt the
+    allocator's own records if the write were let through."""
+    out = torch.empty_like(x)
+    _add_unmasked_store[(triton.cdiv(x.numel(), 1024),)](x, y, out, x.numel(), BLOCK=1024)
+    return out
+
+
 @triton.jit
 def _add_tutorial(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
