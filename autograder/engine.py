@@ -336,6 +336,10 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
     assert result.performance is not None
     result.performance.prediction = prediction
     result.performance.predicted_case = case
+    if spec.structure.toy_card:
+        prediction = traffic.predict(launches, cost.flops, cost.bytes, cost.dtype, ceilings,
+                                     card, case.label, spec.structure.l2_bytes,
+                                     spec.structure.sm_count)
     result.causes += spec.structure.failures(prediction)
 
 

@@ -125,6 +125,16 @@ class Structure:
 
     sector_efficiency: float | None = None
     dram_over_compulsory: float | None = None
+    # Grade traffic on a toy card whose L2 is as small, next to CPU-sized inputs, as a real
+    # L2 is next to GPU-sized ones (otherwise a small problem always fits in cache).
+    l2_bytes: int | None = None
+    sm_count: int | None = None
+
+    @property
+    def toy_card(self) -> str:
+        if self.l2_bytes is None and self.sm_count is None:
+            return ""
+        return f" (on a toy card: L2 {(self.l2_bytes or 0) >> 10} KiB, {self.sm_count} SMs)"
 
     def failures(self, prediction) -> list[str]:
         failures = []
@@ -134,8 +144,8 @@ class Structure:
                             f"at least {self.sector_efficiency:.0%}")
         ratio = prediction.dram / prediction.compulsory if prediction.compulsory else 0.0
         if self.dram_over_compulsory is not None and ratio > self.dram_over_compulsory:
-            failures.append(f"memory traffic: {ratio:.2f}× the compulsory bytes; the target "
-                            f"is at most {self.dram_over_compulsory:g}×")
+            failures.append(f"memory traffic: {ratio:.2f}× the compulsory bytes{self.toy_card}; "
+                            f"the target is at most {self.dram_over_compulsory:g}×")
         return failures
 
 

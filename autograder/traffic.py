@@ -156,6 +156,8 @@ def _describe_oob(access: Access, launch: Launch, address: int, grid) -> str:
 
 
 def _lru_misses(waves: list[np.ndarray], capacity: int) -> int:
+    if len(np.unique(np.concatenate(waves))) <= capacity if waves else True:
+        return len(np.unique(np.concatenate(waves))) if waves else 0  # it all fits: no eviction
     cache: OrderedDict[int, None] = OrderedDict()
     misses = 0
     for wave in waves:

@@ -289,3 +289,22 @@ def test_exception_points_at_the_learners_line_not_tritons():
     summary = result.cases[0].summary
     assert "test_engine.py" in summary and "bk._add" in summary
     assert "triton/" not in summary
+
+
+def test_matmul_ladder_kernels_pass_their_problems():
+    from rooflab.kernels.matmul import matmul, matmul_rows
+
+    assert grade(matmul_rows, problem="matmul/naive").passed
+    assert grade(matmul, problem="matmul/tiled").passed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="graded from the interpreter's trace")
+def test_grouped_order_is_graded_by_its_traffic_on_a_toy_card():
+    from rooflab.kernels.matmul import matmul, matmul_grouped
+
+    grouped = grade(matmul_grouped, problem="matmul/grouped")
+    assert grouped.passed, grouped.message()
+    row_major = grade(matmul, problem="matmul/grouped")  # right answer, group_m=1
+    assert all(case.ok for case in row_major.cases)
+    assert not row_major.passed
+    assert "3.33× the compulsory bytes (on a toy card: L2 256 KiB, 8 SMs)" in row_major.causes[0]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rooflab.autograder import Case, Levels, all_problems, get_problem, register
+from rooflab.autograder import Case, Levels, all_problems, get_problem, register, roofline
 from rooflab.autograder.problem import Problem
 
 
@@ -16,10 +16,13 @@ def test_builtin_problems_are_registered_with_cases_for_both_worlds():
         assert problem.cpu_cases and problem.gpu_cases, problem.id
         if not problem.timed:
             continue
-        # GPU cases fill the chip; CPU cases stay small enough for the interpreter.
-        cpu_bytes = max(problem.cost(c).bytes for c in problem.cpu_cases)
-        gpu_bytes = max(problem.cost(c).bytes for c in problem.gpu_cases)
-        assert cpu_bytes < 1e6 < 1e8 < gpu_bytes, problem.id
+        # GPU cases keep an H100 busy for a measurable time; CPU cases stay small enough
+        # for the interpreter.
+        h100 = roofline.from_datasheet("H100 SXM")
+        gpu_floor = max(roofline.time_floor(problem.cost(c), h100).seconds
+                        for c in problem.gpu_cases)
+        assert gpu_floor > 50e-6, problem.id
+        assert max(problem.cost(c).bytes for c in problem.cpu_cases) < 1e7, problem.id
 
 
 def test_cases_include_sizes_that_are_not_powers_of_two():
