@@ -42,14 +42,24 @@ def _cost(case: Case) -> Cost:
 
 MATMUL_OPS = frozenset({"mm", "matmul", "addmm", "bmm", "baddbmm", "dot", "einsum", "linear",
                         "_scaled_mm", "mv", "tensordot"})
+# fp32 accumulation is what the exercises ask for: a correct fp16 result is off by
+# rounding alone (~2.8e-4); accumulating in fp16 over K ≥ 1000 is off by ~9e-4.
+MATMUL_TOLERANCES = {**DEFAULT_TOLERANCES, "fp16": Tolerance(rel=6e-4, elem=4e-3),
+                     "bf16": Tolerance(rel=5e-3, elem=3e-2)}
 
-register(Problem(
-    id="matmul/naive",
-    title="Naive matmul: a block of one row of C per program, K one element at a time",
-    signature="(a: Tensor[m, k], b: Tensor[k, n]) -> Tensor[m, n]  # a @ b",
-    make_inputs=_inputs,
-    reference=lambda a, b: a @ b,
-    cost=_cost,
+
+def _matmul_problem(id: str, title: str, **fields) -> Problem:
+    """The fields every matmul exercise shares: (a, b) -> a @ b on any strides."""
+    return register(Problem(
+        id=id, title=title,
+        signature="(a: Tensor[m, k], b: Tensor[k, n]) -> Tensor[m, n]  # a @ b",
+        make_inputs=_inputs, reference=lambda a, b: a @ b, cost=_cost,
+        library_ops=MATMUL_OPS, tolerances=MATMUL_TOLERANCES, **fields,
+    ))
+
+
+_matmul_problem(
+    "matmul/naive", "Naive matmul: a block of one row of C per program, K one element at a time",
     # One interpreted program per row and K loop steps of one element: keep these small.
     cpu_cases=[
         Case({"m": 16, "n": 24, "k": 20}, torch.float32),
@@ -62,21 +72,15 @@ register(Problem(
     ],
     # The starting point of the ladder: timed to be compared, not held to a speed.
     levels=Levels(passing=0.0, good=0.05, excellent=0.1),
-    library_ops=MATMUL_OPS,
     hints=("Each program owns one row of C and a block of its columns; walk k from 0 to K.",
            "At step k, C[row, cols] += A[row, k] * B[k, cols]: one element of A, a vector of "
            "B, accumulated in fp32.",
            "a = tl.load(a_ptr + row * stride_am + k * stride_ak); b = tl.load(b_ptr + k * "
            "stride_bk + cols * stride_bn, mask=mask, other=0.0); acc += a * b"),
-))
+)
 
-register(Problem(
-    id="matmul/tiled",
-    title="Tiled matmul: one block of C per program",
-    signature="(a: Tensor[m, k], b: Tensor[k, n]) -> Tensor[m, n]  # a @ b",
-    make_inputs=_inputs,
-    reference=lambda a, b: a @ b,
-    cost=_cost,
+_matmul_problem(
+    "matmul/tiled", "Tiled matmul: one block of C per program",
     cpu_cases=[
         Case({"m": 64, "n": 64, "k": 64}, torch.float32),
         Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
@@ -92,11 +96,6 @@ register(Problem(
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
     ],
     levels=Levels(passing=0.3, good=0.5, excellent=0.7),
-    # fp32 accumulation is what the exercise asks for: a correct fp16 result is off by
-    # rounding alone (~2.8e-4); accumulating in fp16 over K ≥ 1000 is off by ~9e-4.
-    tolerances={**DEFAULT_TOLERANCES, "fp16": Tolerance(rel=6e-4, elem=4e-3),
-                "bf16": Tolerance(rel=5e-3, elem=3e-2)},
-    library_ops=MATMUL_OPS,
     tf32_on_gpu=True,
     hints=("Walk K in steps of BLOCK_K: each step loads a BLOCK_M × BLOCK_K tile of A and a "
            "BLOCK_K × BLOCK_N tile of B.",
@@ -104,15 +103,10 @@ register(Problem(
            "accumulator; mask rows, columns and the K tail (other=0.0 adds nothing).",
            "a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :] * stride_ak, mask=..., "
            "other=0.0); likewise b; acc += tl.dot(a, b)"),
-))
+)
 
-register(Problem(
-    id="matmul/grouped",
-    title="Tiled matmul with grouped program order, for L2 reuse",
-    signature="(a: Tensor[m, k], b: Tensor[k, n]) -> Tensor[m, n]  # a @ b",
-    make_inputs=_inputs,
-    reference=lambda a, b: a @ b,
-    cost=_cost,
+_matmul_problem(
+    "matmul/grouped", "Tiled matmul with grouped program order, for L2 reuse",
     cpu_cases=[
         Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
         Case({"m": 200, "n": 130, "k": 64}, torch.float32, note="a short last group"),
@@ -123,12 +117,9 @@ register(Problem(
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
     ],
     levels=Levels(passing=0.3, good=0.5, excellent=0.7),
-    tolerances={**DEFAULT_TOLERANCES, "fp16": Tolerance(rel=6e-4, elem=4e-3),
-                "bf16": Tolerance(rel=5e-3, elem=3e-2)},
     # At 512³ on a card with a 256 KiB L2 and 8 SMs, row-major order moves 3.3× the
     # compulsory bytes; groups of 4 rows of tiles, 2.3×.
     structure=Structure(dram_over_compulsory=2.8, l2_bytes=256 * 1024, sm_count=8),
-    library_ops=MATMUL_OPS,
     tf32_on_gpu=True,
     hints=("Programs that run at the same time should share rows of A and columns of B: "
            "number the tiles down a group of GROUP_M rows before moving one column right.",
@@ -137,4 +128,4 @@ register(Problem(
            "fewer rows.",
            "group_size = min(tiles_m - first_m, GROUP_M); pid_m = first_m + (pid % per_group) "
            "% group_size; pid_n = (pid % per_group) // group_size"),
-))
+)
