@@ -43,13 +43,15 @@ lint: $(STAMP)
 build: $(STAMP)
 	$(BIN)/rooflab build
 
-# On a GPU machine: the GPU tests, then this card's ceilings as JSON in $(OUT)/
-# (<card>-<date>.json). PY is the interpreter rooflab is installed in; `make test` or
+# On a GPU machine: the GPU tests, then this card's ceilings and the benchmarks as JSON in
+# $(OUT)/ (<card>-<date>[-<bench>].json). PY is the interpreter rooflab is installed in; `make test` or
 # `pip install --no-deps -e .` installs it.
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
-	$(PY) -m pytest -m gpu -q
+	$(PY) -m pytest -m gpu -q tests
 	$(PY) -m rooflab.autograder.cli roofline --json $(OUT)/
+	$(PY) -m rooflab.autograder.cli bench coalescing --json $(OUT)/
+	$(PY) -m rooflab.autograder.cli bench matmul --json $(OUT)/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -5,6 +5,7 @@
     rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error)
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
+    rooflab bench matmul|coalescing      kernels against the library, timed (GPU only)
     rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
 """
 
@@ -209,6 +210,27 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if not device.current().can_measure:
+        print(f"rooflab bench: {device.current().mode}: benchmarks need a GPU; nothing was "
+              "timed", file=sys.stderr)
+        return EXIT_FAIL
+    rows = bench.run(args.name)
+    print(device.current().mode)
+    print(bench.table(rows))
+    if args.json:
+        target = Path(args.json)
+        if target.is_dir() or args.json.endswith("/"):
+            card = re.sub(r"[^A-Za-z0-9]+", "-", device.current().name).strip("-")
+            target = target / f"{card}-{date.today().isoformat()}-{args.name}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(bench.record(rows), indent=2) + "\n")
+        print(f"wrote {target}")
+    return EXIT_PASS
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import build, masters
 
@@ -245,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--card", default=None, help="card to predict for (default H100 SXM), or "
                    "a ceilings JSON measured on a GPU")
 
+    p = commands.add_parser("bench", help="the course's kernels against the library (GPU)")
+    p.add_argument("name", choices=["matmul", "coalescing"], help="which benchmark")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON; a folder "
+                   "gets <card>-<date>-<name>.json")
+
     p = commands.add_parser("build", help="write labs/ and solutions/ from the masters")
     p.add_argument("--check", action="store_true", help="only say which notebooks are stale")
     p.add_argument("--root", default=".", help="the repository (default: here)")
@@ -262,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"doctor": cmd_doctor, "list": cmd_list, "check": cmd_check,
-            "roofline": cmd_roofline, "build": cmd_build, "trace": cmd_trace}
+            "roofline": cmd_roofline, "build": cmd_build, "trace": cmd_trace,
+            "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

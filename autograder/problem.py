@@ -145,7 +145,9 @@ class Structure:
         ratio = prediction.dram / prediction.compulsory if prediction.compulsory else 0.0
         if self.dram_over_compulsory is not None and ratio > self.dram_over_compulsory:
             failures.append(f"memory traffic: {ratio:.2f}× the compulsory bytes{self.toy_card}; "
-                            f"the target is at most {self.dram_over_compulsory:g}×")
+                            f"the target is at most {self.dram_over_compulsory:g}×"
+                            + (" (a full-size L2 would hold this small problem whole)"
+                               if self.toy_card else ""))
         return failures
 
 

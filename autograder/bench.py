@@ -1,0 +1,152 @@
+"""Benchmarks: the course's kernels against the library, on a GPU, as evidence.
+
+``rooflab bench matmul`` (or ``coalescing``) times each kernel with the course's timer
+(median, L2 flushed) on fresh random inputs, checks its answer, and reports time,
+throughput, roofline fraction against this card's measured ceilings, and the ratio to the
+library baseline. ``--json`` writes the same, with card, driver and versions, for
+``bench/results/``. Speed targets live here, never in unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from . import roofline, versions
+from .device import current
+from .problem import Cost
+from .timing import time_gpu
+
+
+@dataclass
+class Row:
+    bench: str
+    shape: str
+    dtype: str
+    kernel: str
+    median_us: float
+    throughput: float  # TFLOP/s, or GB/s for kernels without FLOPs
+    unit: str
+    roofline_fraction: float
+    bound: str
+    ratio_to_baseline: float | None = None  # baseline time / this time (>1: faster)
+
+
+@dataclass
+class Workload:
+    shape: str
+    dtype: torch.dtype
+    cost: Cost
+    make: Callable[[], tuple]
+    kernels: dict[str, Callable]  # the first is the baseline
+    reference: Callable
+
+
+def _matmul_workloads(device: str) -> list[Workload]:
+    from rooflab.kernels.matmul import matmul_grouped
+
+    loads = []
+    shapes = [(n, n, n) for n in (1024, 2048, 4096, 8192)] + [(16, 8192, 8192),
+                                                              (8192, 8192, 128)]
+    for m, n, k in shapes:
+        for dtype, compute in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+            cost = Cost(2 * m * n * k, (m * k + k * n + m * n) * dtype.itemsize, compute)
+            loads.append(Workload(
+                f"{m}x{n}x{k}", dtype, cost,
+                lambda m=m, n=n, k=k, dtype=dtype: (
+                    torch.randn(m, k, device=device, dtype=dtype),
+                    torch.randn(k, n, device=device, dtype=dtype)),
+                {"torch.matmul": torch.matmul, "rooflab matmul": matmul_grouped},
+                torch.matmul))
+    return loads
+
+
+def _coalescing_workloads(device: str) -> list[Workload]:
+    from rooflab.kernels.transpose import transpose, transpose_rows
+    from rooflab.kernels.vector_add import vector_add
+
+    n = 1 << 26
+    side = 8192
+    return [
+        Workload(f"n={n}", torch.float32, Cost(n, 3 * n * 4),
+                 lambda: (torch.randn(n, device=device), torch.randn(n, device=device)),
+                 {"torch add": torch.add, "rooflab vector_add": vector_add}, torch.add),
+        Workload(f"{side}x{side}", torch.float32, Cost(0, 2 * side * side * 4),
+                 lambda: (torch.randn(side, side, device=device),),
+                 {"torch x.T.contiguous()": lambda x: x.T.contiguous(),
+                  "rooflab transpose (tiles)": transpose,
+                  "rooflab transpose_rows": transpose_rows},
+                 lambda x: x.T.contiguous()),
+    ]
+
+
+BENCHES: dict[str, Callable[[str], list[Workload]]] = {
+    "matmul": _matmul_workloads,
+    "coalescing": _coalescing_workloads,
+}
+
+
+def _check(label: str, load: Workload, inputs: tuple, when: str) -> None:
+    expected = load.reference(*inputs).float()
+    got = load.kernels[label](*inputs).float()
+    error = float((got - expected).norm() / expected.norm().clamp_min(1e-30))
+    if error > 2e-2:
+        raise AssertionError(f"{label} is wrong {when} at {load.shape}: rel error {error:.2e}")
+
+
+def _measure(name: str, label: str, load: Workload, inputs: tuple,
+             floor: roofline.Floor) -> Row:
+    """Check, time (median, L2 flushed), check again on the timed inputs."""
+    _check(label, load, inputs, "before timing")
+    kernel = load.kernels[label]
+    seconds = time_gpu(lambda: kernel(*inputs)).median_s
+    _check(label, load, inputs, "after timing")
+    if floor.bound == "compute":
+        throughput, unit = load.cost.flops / seconds / 1e12, "TFLOP/s"
+    else:
+        throughput, unit = load.cost.bytes / seconds / 1e9, "GB/s"
+    return Row(name, load.shape, str(load.dtype).removeprefix("torch."), label,
+               seconds * 1e6, throughput, unit, floor.seconds / seconds, floor.bound)
+
+
+def run(name: str) -> list[Row]:
+    """Run one benchmark on this GPU. Raises RuntimeError without a GPU."""
+    if not current().can_measure:
+        raise RuntimeError("benchmarks need a GPU: on a CPU there is no time worth reporting")
+    ceilings = roofline.ceilings()
+    rows = []
+    for load in BENCHES[name](current().torch_device):
+        inputs = load.make()  # fresh random inputs for every workload, never zeros
+        floor = roofline.time_floor(load.cost, ceilings)
+        measured = [_measure(name, label, load, inputs, floor) for label in load.kernels]
+        for row in measured:  # the first kernel is the library baseline
+            row.ratio_to_baseline = measured[0].median_us / row.median_us
+        rows += measured
+        del inputs
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'shape':<18}{'dtype':<10}{'kernel':<28}{'median µs':>11}{'throughput':>16}"
+             f"{'roofline':>10}{'vs base':>9}"]
+    for r in rows:
+        lines.append(f"{r.shape:<18}{r.dtype:<10}{r.kernel:<28}{r.median_us:>11.1f}"
+                     f"{r.throughput:>9.1f} {r.unit:<7}{r.roofline_fraction:>9.0%}"
+                     f"{r.ratio_to_baseline:>8.2f}×")
+    return "\n".join(lines)
+
+
+def record(rows: list[Row]) -> dict:
+    """Everything needed to trust the numbers later: card, driver, versions, ceilings."""
+    dev = current()
+    return {
+        "card": dev.name,
+        "driver": dev.driver,
+        "versions": versions.installed(),
+        "ceilings": asdict(roofline.ceilings()),
+        "rows": [asdict(r) for r in rows],
+    }

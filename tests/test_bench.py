@@ -1,0 +1,83 @@
+"""`rooflab bench`: refuses on a CPU; on a GPU, times, re-checks and compares with the
+library. The GPU logic is tested here with a stand-in device and timer."""
+
+import json
+
+import pytest
+import torch
+
+from rooflab.autograder import bench, engine, roofline
+from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, main
+from rooflab.autograder.device import Device
+from rooflab.autograder.problem import Cost
+from rooflab.autograder.timing import Timing
+
+
+def test_bench_refuses_to_time_on_a_cpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    assert main(["bench", "coalescing"]) == EXIT_FAIL
+    assert "benchmarks need a GPU; nothing was timed" in capsys.readouterr().err
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    gpu = Device(kind="gpu", name="Stand-in H100", torch_device="cpu", driver="0.0")
+    times = {"torch add": 10e-6, "twice as slow": 20e-6}
+
+    def fake_time(fn):
+        fn()
+        return Timing(times[fake_time.label], "do_bench")
+
+    def workloads(device):
+        x, y = torch.randn(1000), torch.randn(1000)
+        load = bench.Workload("n=1000", torch.float32, Cost(1000, 12_000), lambda: (x, y),
+                              {"torch add": torch.add, "twice as slow": torch.add}, torch.add)
+        return [load]
+
+    original_measure = bench._measure
+
+    def measure(name, label, load, inputs, floor):
+        fake_time.label = label
+        return original_measure(name, label, load, inputs, floor)
+
+    monkeypatch.setattr(bench, "current", lambda: gpu)
+    monkeypatch.setattr(engine.device_layer, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(bench, "time_gpu", fake_time)
+    monkeypatch.setattr(bench, "_measure", measure)
+    monkeypatch.setattr(bench.roofline, "ceilings", lambda: roofline.from_datasheet("H100 SXM"))
+    monkeypatch.setitem(bench.BENCHES, "coalescing", workloads)
+    return gpu
+
+
+def test_rows_carry_time_throughput_fraction_and_ratio(stand_in_gpu):
+    base, slow = bench.run("coalescing")
+    assert (base.median_us, slow.median_us) == pytest.approx((10, 20))
+    assert base.unit == "GB/s" and base.throughput == pytest.approx(12_000 / 10e-6 / 1e9)
+    assert base.roofline_fraction == pytest.approx(12_000 / 3.35e12 / 10e-6)
+    assert (base.ratio_to_baseline, slow.ratio_to_baseline) == pytest.approx((1.0, 0.5))
+    record = bench.record([base, slow])
+    assert record["card"] == "Stand-in H100" and "torch" in record["versions"]
+    assert json.dumps(record)  # serialisable as it is
+    assert "twice as slow" in bench.table([base, slow])
+
+
+def test_a_wrong_kernel_stops_the_benchmark(stand_in_gpu, monkeypatch):
+    def wrong(device):
+        x = torch.randn(100)
+        return [bench.Workload("n=100", torch.float32, Cost(100, 1200), lambda: (x, x),
+                               {"torch add": torch.add, "twice as slow": torch.sub},
+                               torch.add)]
+
+    monkeypatch.setitem(bench.BENCHES, "coalescing", wrong)
+    with pytest.raises(AssertionError, match="twice as slow is wrong before timing"):
+        bench.run("coalescing")
+
+
+@pytest.mark.gpu
+def test_coalescing_benchmark_on_a_gpu(tmp_path, capsys):
+    assert main(["bench", "coalescing", "--json", f"{tmp_path}/"]) == EXIT_PASS
+    (written,) = tmp_path.glob("*-coalescing.json")
+    rows = json.loads(written.read_text())["rows"]
+    assert {r["kernel"] for r in rows} >= {"rooflab vector_add", "rooflab transpose (tiles)"}
+    assert all(0 < r["roofline_fraction"] < 1.5 for r in rows)
