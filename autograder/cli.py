@@ -168,10 +168,15 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
             "bandwidth": measured.bandwidth / beside.bandwidth,
             **{d: measured.flops[d] / beside.flops[d] for d in measured.flops if d in beside.flops},
         }
+    _write_record(path, record)
+
+
+def _write_record(path: str, record: dict, suffix: str = "") -> None:
+    """Write JSON to ``path``; a folder gets ``<card>-<date><suffix>.json``."""
     target = Path(path)
     if target.is_dir() or path.endswith("/"):
-        card = re.sub(r"[^A-Za-z0-9]+", "-", dev.name).strip("-")
-        target = target / f"{card}-{date.today().isoformat()}.json"
+        card = re.sub(r"[^A-Za-z0-9]+", "-", device.current().name).strip("-")
+        target = target / f"{card}-{date.today().isoformat()}{suffix}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {target}")
@@ -221,13 +226,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(device.current().mode)
     print(bench.table(rows))
     if args.json:
-        target = Path(args.json)
-        if target.is_dir() or args.json.endswith("/"):
-            card = re.sub(r"[^A-Za-z0-9]+", "-", device.current().name).strip("-")
-            target = target / f"{card}-{date.today().isoformat()}-{args.name}.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(bench.record(rows), indent=2) + "\n")
-        print(f"wrote {target}")
+        _write_record(args.json, bench.record(rows), suffix=f"-{args.name}")
     return EXIT_PASS
 
 
