@@ -6,11 +6,14 @@ with optional ``:tags: [...]``. From it the build writes two notebooks:
 
 * ``solutions/NN_topic.ipynb``: complete;
 * ``labs/NN_topic.ipynb``: each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region
-  replaced by ``# YOUR CODE HERE`` and ``raise NotImplementedError()``, indentation kept.
+  replaced by ``# YOUR CODE HERE`` and ``raise NotImplementedError()``, indentation kept;
+  in CUDA C source (a string in the kernel module), a ``// BEGIN SOLUTION`` ...
+  ``// END SOLUTION`` region becomes ``// YOUR CODE HERE``.
 
 Kernel code is written once, in ``kernels/``. A code cell line
 ``# rooflab-inline: rooflab.kernels.vector_add:add_kernel,vector_add`` is replaced by the
-source of those top-level definitions (decorators included), so the learner reads and
+source of those top-level definitions (functions and classes with their decorators, or
+assignments such as a CUDA C source string), so the learner reads and
 edits the kernel in the notebook while the tested module stays the single source.
 
 Notebooks are written without outputs and with stable cell ids, so building twice gives
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
 INLINE = re.compile(r"^(\s*)# rooflab-inline: ([\w.]+):([\w,\s]+)$")
 MASTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.md$")
 
@@ -85,7 +89,12 @@ def definition_source(module_name: str, names: list[str]) -> str:
     lines = source.splitlines()
     found = {}
     for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = _with_comments_above(lines, node.lineno, node.end_lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             end = node.end_lineno
             # Keep comments that close the body (a trailing "### END SOLUTION").
@@ -98,6 +107,13 @@ def definition_source(module_name: str, names: list[str]) -> str:
     if missing:
         raise KeyError(f"{module_name} has no top-level {', '.join(missing)}")
     return "\n\n\n".join(found[name] for name in names)
+
+
+def _with_comments_above(lines: list[str], first: int, last: int) -> str:
+    """Lines first..last (1-based), with the comment lines right above them."""
+    while first > 1 and lines[first - 2].startswith("#"):
+        first -= 1
+    return "\n".join(lines[first - 1 : last])
 
 
 def inline(source: str) -> str:
@@ -116,7 +132,8 @@ def inline(source: str) -> str:
 
 def solution(source: str) -> str:
     """The complete version: solution markers removed, code kept."""
-    return "\n".join(line for line in source.splitlines() if line.strip() not in (BEGIN, END))
+    markers = (BEGIN, END, C_BEGIN, C_END)
+    return "\n".join(line for line in source.splitlines() if line.strip() not in markers)
 
 
 def stub(source: str) -> str:
@@ -124,11 +141,14 @@ def stub(source: str) -> str:
     out, inside = [], False
     for line in source.splitlines():
         stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
         if stripped == BEGIN:
-            indent = line[: len(line) - len(line.lstrip())]
             out += [f"{indent}# YOUR CODE HERE", f"{indent}raise NotImplementedError()"]
             inside = True
-        elif stripped == END:
+        elif stripped == C_BEGIN:
+            out.append(f"{indent}// YOUR CODE HERE")
+            inside = True
+        elif stripped in (END, C_END):
             inside = False
         elif not inside:
             out.append(line)

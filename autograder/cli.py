@@ -2,7 +2,8 @@
 
     rooflab doctor                       versions, GPU or interpreter, known-bad combinations
     rooflab list                         the problems and their signatures
-    rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error)
+    rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error,
+                                         3 needs a GPU: CUDA C compiled but not run)
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
     rooflab bench matmul|coalescing      kernels against the library, timed (GPU only)
@@ -29,7 +30,7 @@ import torch
 from . import datasheet, device, problem, roofline, versions
 from .engine import check
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -111,7 +112,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(error.args[0]) from None
     function = load_function(args.function)
     result = check(spec, function, seed=args.seed, show=False, raise_on_failure=False)
-    print(result.message() if not result.passed or args.verbose else result.line)
+    print(result.message() if result.failed or args.verbose else result.line)
+    if result.verdict == "NEEDS A GPU":
+        return EXIT_NEEDS_GPU
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from . import cuda, guard, matrix_units, poison, problem, roofline, traffic, versions
 from . import device as device_layer
-from . import guard, poison, problem, roofline, traffic, versions
 from .compare import Comparison
-from .problem import Case, Problem
+from .problem import Case, Problem, dtype_name
 from .recording import Recording, recorder
 from .result import CaseResult, CheckResult, Performance
 from .timing import time_gpu
@@ -132,6 +132,8 @@ class _Runner:
                            name="the output buffer")
 
     def __call__(self, inputs: tuple, out: guard.Guarded | None) -> object:
+        if self.spec.invoke is not None:
+            return self.spec.invoke(self.candidate, inputs)
         if out is None:
             return self.candidate(*inputs)
         self.candidate(*inputs, out.view)
@@ -150,7 +152,8 @@ class _CaseRun:
     def reference(self, spec: Problem) -> torch.Tensor:
         as_float64 = (x.to(torch.float64) if isinstance(x, torch.Tensor)
                       and x.is_floating_point() else x for x in self.originals)
-        return spec.reference(*as_float64)
+        with torch.enable_grad():  # a reference may differentiate (a backward exercise)
+            return spec.reference(*as_float64)
 
     def judge(self, spec: Problem, output: object, allocations: list[guard.Guarded],
               on_gpu: bool, dev: torch.device) -> CaseResult:
@@ -175,9 +178,15 @@ class _CaseRun:
             cause = spec.compare(output, self.reference(spec))
             return CaseResult(self.case, Comparison(ok=not cause, cause=cause))
         dtype = spec.expected_dtype(self.case)
-        comparison = compare(output, self.reference(spec), dtype=dtype, device=dev,
+        reference = self.reference(spec)
+        comparison = compare(output, reference, dtype=dtype, device=dev,
                              tolerance=spec.tolerance(dtype, on_gpu),
                              contiguous=spec.out_contiguous)
+        if not comparison.ok and spec.diagnose is not None and isinstance(output, torch.Tensor) \
+                and output.shape == reference.shape:
+            cause = spec.diagnose(self.inputs, output, reference)
+            if cause:
+                return CaseResult(self.case, comparison, error=f"{comparison.summary}; {cause}")
         return CaseResult(self.case, comparison)
 
 
@@ -215,6 +224,8 @@ def check(
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
     traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
+    if spec.kernel == "cupy" and not on_gpu:
+        return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
 
     for index, case in enumerate(spec.cases(on_gpu)):
         if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
@@ -249,16 +260,50 @@ def check(
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
+    result.cuda_launches = dict(recording.cuda_launches)
     result.causes = _causes(spec, result)
     if result.passed and spec.timed:
         result.performance = _performance(spec, run, info, seed, measure, result)
         if traced is not None:
             _predict(spec, traced, target, result)
+    return _finish(spec, result, show, raise_on_failure)
+
+
+def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bool
+            ) -> CheckResult:
     _last_verdicts[spec.id] = result.passed
     if show:
         result.show()
-    if raise_on_failure and not result.passed:
+    if raise_on_failure and result.failed:
         raise AssertionError(result.message())
+    return result
+
+
+def _compile_only(candidate: Callable, result: CheckResult) -> CheckResult:
+    """CUDA C without a GPU: compile it with NVRTC and say so; it cannot run here, so it
+    cannot pass here either (verdict "NEEDS A GPU"), but a compile error fails now."""
+    kernels = cuda.kernels_of(candidate)
+    if not kernels:
+        result.causes.append("no CUDA C found to compile-check: pass a CudaKernel, or a "
+                             "function with a `cuda_kernels` attribute listing them")
+        return result
+    if any(kernel.is_stub for kernel in kernels):
+        result.not_implemented = True
+        result.causes.append(f"not implemented yet: replace `// {cuda.STUB_MARK}` with your "
+                             "CUDA C")
+        return result
+    try:
+        for kernel in kernels:
+            errors = kernel.compile_errors()
+            if errors:
+                result.causes.append(f"{kernel.name} does not compile: {errors[0]}")
+                result.causes += errors[1:4]
+    except cuda.NvrtcMissing as missing:
+        result.needs_gpu = f"not compiled or run here ({missing}); graded on a GPU only"
+        return result
+    names = ", ".join(kernel.name for kernel in kernels)
+    result.needs_gpu = (f"{names} compiles (NVRTC {cuda.nvrtc_version()}, "
+                        f"{cuda.NVRTC_ARCH}); CUDA C runs, and is graded, on a GPU only")
     return result
 
 
@@ -301,6 +346,8 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
                       "this exercise asks for a kernel you write")
     elif spec.kernel == "triton" and not result.triton_launches and not failing:
         causes.append("launched no Triton kernel; this exercise asks for one")
+    elif spec.kernel == "cupy" and not result.cuda_launches and not failing:
+        causes.append("launched no CUDA C kernel (cuda.CudaKernel); this exercise asks for one")
     return causes
 
 
@@ -341,6 +388,8 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
                                      card, case.label, spec.structure.l2_bytes,
                                      spec.structure.sm_count)
     result.causes += spec.structure.failures(prediction)
+    if spec.structure.tensor_cores:
+        result.causes += matrix_units.failures(launches, dtype_name(case.dtype))
 
 
 def _largest(cases, spec: Problem) -> Case:
@@ -395,4 +444,12 @@ def _performance(
     if perf.level == "below target":
         result.causes.append(f"too slow: {fraction:.0%} of roofline, needs "
                              f"{spec.levels.passing:.0%}; {perf.bottleneck}")
+    if spec.baseline is not None:
+        baseline = spec.baseline
+        perf.baseline_name = spec.baseline_name or getattr(baseline, "__name__", "the library")
+        perf.baseline_seconds = time_gpu(lambda: baseline(*attempt.inputs)).median_s
+        ratio = perf.vs_baseline
+        if ratio is not None and ratio < spec.at_least_vs_baseline:
+            result.causes.append(f"too slow against {perf.baseline_name}: {ratio:.2f}× its speed "
+                                 f"on {case.label}, needs {spec.at_least_vs_baseline:g}×")
     return perf

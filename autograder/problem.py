@@ -129,6 +129,9 @@ class Structure:
     # L2 is next to GPU-sized ones (otherwise a small problem always fits in cache).
     l2_bytes: int | None = None
     sm_count: int | None = None
+    # Every tl.dot fed as the matrix units want it (see matrix_units): operands in the
+    # input's 16-bit dtype, fp32 accumulation, tiles that are big enough and fit an SM.
+    tensor_cores: bool = False
 
     @property
     def toy_card(self) -> str:
@@ -189,11 +192,22 @@ class Problem:
     tf32_on_gpu: bool = False
     # Whether a passing candidate is timed and placed on the roofline (on a GPU).
     timed: bool = True
+    # On a GPU, the library call the timed case is also measured against (e.g.
+    # torch.matmul), and the speed it must reach relative to it: 0.5 = half its speed.
+    baseline: Callable[..., torch.Tensor] | None = None
+    baseline_name: str = ""
+    at_least_vs_baseline: float = 0.0
     # Traffic targets graded in the interpreter (see Structure).
     structure: Structure = field(default_factory=Structure)
     # For answers that are not tensors (a number, a word): compare(output, reference)
     # returns "" when right, else what is wrong. Tensor answers use ``compare.py``.
     compare: Callable[[object, object], str] | None = None
+    # invoke(candidate, inputs) -> output, where calling candidate(*inputs) is not the whole
+    # exercise (e.g. a backward pass: run the forward, then backward, return the gradients).
+    invoke: Callable[[Callable, tuple], object] | None = None
+    # diagnose(inputs, output, reference) -> the likely cause of a wrong answer, in words,
+    # or "" (e.g. "rows do not sum to 1: the running sum is not rescaled").
+    diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None
     # Hints, from a nudge to the key line; ``hint(problem_id, level)`` shows one.
     hints: Sequence[str] = ()
 

@@ -63,15 +63,25 @@ def _launch_classes() -> list[type]:
 
 
 class Recording:
-    """What a candidate did: aten op counts and Triton kernel launch counts."""
+    """What a candidate did: aten op counts, Triton and CUDA C kernel launch counts."""
 
     def __init__(self) -> None:
         self.aten_ops: Counter[str] = Counter()
         self.triton_launches: Counter[str] = Counter()
+        self.cuda_launches: Counter[str] = Counter()
         self.allocations: list[guard.Guarded] = []  # fresh tensors, inside guard bands
 
     def library_calls(self, library_ops: frozenset[str]) -> list[str]:
         return sorted(op for op in self.aten_ops if op in library_ops)
+
+
+_active: list[Recording] = []
+
+
+def note_launch(name: str) -> None:
+    """Count a CUDA C kernel launch (see cuda.CudaKernel) in the active recording."""
+    if _active:
+        _active[-1].cuda_launches[name] += 1
 
 
 @contextlib.contextmanager
@@ -97,10 +107,12 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
 
     for cls, original in originals.items():
         cls.run = make_counting_run(original)
+    _active.append(recording)
     try:
         with mode:
             yield recording
     finally:
+        _active.pop()
         for cls, original in originals.items():
             cls.run = original
         recording.aten_ops.update(mode.ops)

@@ -29,7 +29,8 @@ def show(result: CheckResult) -> None:
         print(result.line)
 
 
-_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "NOT IMPLEMENTED": "#9a6700"}
+_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "NOT IMPLEMENTED": "#9a6700",
+            "NEEDS A GPU": "#0969da"}
 
 
 def html(result: CheckResult) -> str:
@@ -43,6 +44,8 @@ def html(result: CheckResult) -> str:
         f' <code>{esc(result.problem_id)}</code>'
         f' <span style="color: #57606a">— {esc(result.mode)}</span>',
     ]
+    if result.verdict == "NEEDS A GPU":
+        parts.append(f"<div>{esc(result.needs_gpu)}</div>")
     if result.causes:
         items = "".join(f"<li>{esc(c)}</li>" for c in result.causes)
         parts.append(f"<ul style='margin: 4px 0'>{items}</ul>")

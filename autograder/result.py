@@ -43,6 +43,15 @@ class Performance:
     not_measured: str = ""  # why nothing was measured: "no GPU", "measure=False", ...
     prediction: Prediction | None = None  # from the interpreter's traced traffic
     predicted_case: Case | None = None
+    baseline_name: str = ""  # the library call timed on the same inputs, if any
+    baseline_seconds: float | None = None
+
+    @property
+    def vs_baseline(self) -> float | None:
+        """Baseline time / this time: 1.0 = as fast as the library, 0.5 = half its speed."""
+        if self.seconds is None or self.baseline_seconds is None:
+            return None
+        return self.baseline_seconds / self.seconds
 
     @property
     def measured(self) -> bool:
@@ -77,6 +86,8 @@ class Performance:
         assert self.fraction is not None
         line = (f"{self.seconds * 1e6:.1f} µs median ({self.method}), {self.fraction:.0%} of "
                 f"roofline [{self.level}], {self.floor.bound}-bound")
+        if self.vs_baseline is not None:
+            line += f", {self.vs_baseline:.2f}× {self.baseline_name}'s speed"
         if self.fraction > 1.05:  # faster than the floor: the data came from a cache
             line += " (faster than the floor: inputs likely served from L2, not memory)"
         return line
@@ -93,18 +104,28 @@ class CheckResult:
     performance: Performance | None = None
     library_calls: list[str] = field(default_factory=list)
     triton_launches: dict[str, int] = field(default_factory=dict)
+    cuda_launches: dict[str, int] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)  # reasons for failing, in words
     skipped: list[str] = field(default_factory=list)  # cases not run here, and why
     not_implemented: bool = False
+    # Set when nothing could fail here but nothing could run either (CUDA C on a CPU):
+    # what was checked instead. Such a result is neither passed nor failed.
+    needs_gpu: str = ""
 
     @property
     def passed(self) -> bool:
-        return not self.causes
+        return not self.causes and not self.needs_gpu
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.causes)
 
     @property
     def verdict(self) -> str:
         if self.not_implemented:
             return "NOT IMPLEMENTED"
+        if self.needs_gpu and not self.causes:
+            return "NEEDS A GPU"
         return "PASS" if self.passed else "FAIL"
 
     @property
@@ -134,8 +155,10 @@ class CheckResult:
     @property
     def line(self) -> str:
         """One line for a terminal or a log."""
-        if self.not_implemented:
+        if self.not_implemented or (self.failed and not self.cases):
             return f"{self.verdict} {self.problem_id}: {self.causes[0]}  [{self.mode}]"
+        if self.verdict == "NEEDS A GPU":
+            return f"{self.verdict} {self.problem_id}: {self.needs_gpu}  [{self.mode}]"
         ok = sum(c.ok for c in self.cases)
         head = f"{self.verdict} {self.problem_id}: {ok}/{len(self.cases)} cases correct"
         if not self.passed:

@@ -60,3 +60,45 @@ def cpu_stand_in(fn: Callable[[], object], warmup: int = 1, rep: int = 3, **_: o
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
+
+
+def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
+                    **_: object) -> float | list[float]:
+    """``do_bench``'s call shape for ``@triton.autotune`` on a CPU, answering with the
+    traffic model's predicted time (ms) on the target card instead of a measurement: timing
+    the interpreter would pick whatever interprets fastest, which says nothing about a GPU.
+    Counts the FLOPs of every ``tl.dot`` in waves of programs over the SMs, the DRAM and L2
+    traffic of every access, and makes a config whose tile would not fit an SM (shared
+    memory, registers) infinitely slow. Warps and stages beyond that fit are not modelled."""
+    from . import matrix_units, roofline, traffic
+    from .trace import tracing
+
+    with tracing() as tracer:
+        fn()
+    launches = tracer.launches
+    dots = [(launch, matrix_units.main_dot(launch)) for launch in launches]
+    if any(dot and matrix_units.misfits(launch, dot) for launch, dot in dots):
+        ms = float("inf")
+    else:
+        flops = sum(2 * d.m * d.n * d.k for launch in launches for d in launch.dots)
+        operand = next((d.operand for _, d in dots if d), "fp32")
+        compute = operand if operand in ("fp16", "bf16") else "tf32"
+        compulsory = sum(t.extent for launch in launches for t in launch.tensors)
+        ceilings, card = roofline.target(None)
+        predicted = traffic.predict(launches, flops, compulsory, compute, ceilings, card)
+        # A program runs on one SM: with fewer programs than SMs, or a last partial wave,
+        # part of the chip idles. This is what makes small tiles win on small problems.
+        programs = sum(launch.programs for launch in launches)
+        sms = card.sm_count or 1
+        waves = -(-programs // sms)
+        per_program = flops / programs / (ceilings.peak_flops(compute) / sms)
+        ms = max(predicted.seconds, waves * per_program) * 1e3
+    return [ms] * len(quantiles) if quantiles else ms
+
+
+def autotune_bench() -> Callable | None:
+    """What ``@triton.autotune(do_bench=...)`` should use here: Triton's own (None) on a
+    GPU, the traffic model's prediction in the interpreter."""
+    from .device import interpreter_enabled
+
+    return predicted_bench if interpreter_enabled() else None

@@ -44,6 +44,19 @@ class TensorArg:
         return (addresses >= self.base) & (addresses < self.base + self.extent)
 
 
+@dataclass(frozen=True)
+class Dot:
+    """One ``tl.dot`` a program ran: (m × k) @ (k × n), its operand and accumulator types
+    (Triton's names: "fp16", "bf16", "fp32"), and the precision asked for fp32 operands."""
+
+    m: int
+    n: int
+    k: int
+    operand: str
+    accumulator: str
+    input_precision: str
+
+
 @dataclass
 class Launch:
     """One kernel launch: its grid, its tensor arguments, and every access it made."""
@@ -52,6 +65,9 @@ class Launch:
     grid: tuple[int, int, int]
     tensors: list[TensorArg]
     accesses: list[Access] = field(default_factory=list)
+    dots: list[Dot] = field(default_factory=list)
+    # Integer launch arguments by name: sizes, strides, BLOCK_*, num_warps, num_stages.
+    options: dict[str, int] = field(default_factory=dict)
 
     @property
     def programs(self) -> int:
@@ -71,6 +87,15 @@ def _tensor_args(names: list[str], args: tuple, kwargs: dict) -> list[TensorArg]
         tensors.append(TensorArg(name, value.data_ptr(), span * size, size, tuple(value.shape),
                                  tuple(value.stride())))
     return tensors
+
+
+def _int_args(names: list[str], args: tuple, kwargs: dict) -> dict[str, int]:
+    pairs = [*zip(names, args, strict=False), *kwargs.items()]
+    return {name: int(v) for name, v in pairs if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _dtype_name(handle) -> str:
+    return str(handle.get_element_ty()) if hasattr(handle, "get_element_ty") else "?"
 
 
 def _grid(grid, names: list[str], args: tuple, kwargs: dict) -> tuple[int, int, int]:
@@ -135,9 +160,13 @@ def tracing() -> Iterator[Tracer]:
     from triton.runtime.interpreter import interpreter_builder as builder
 
     tracer = Tracer()
-    originals = {name: getattr(builder, name) for name in
-                 ("create_masked_load", "create_masked_store", "create_atomic_rmw",
-                  "create_atomic_cas")}
+    names = ("create_masked_load", "create_masked_store", "create_atomic_rmw",
+             "create_atomic_cas", "create_dot")
+    # The builder's own methods, so that a tracing() nested in another (an autotuner
+    # predicting each config inside a check) records its launches alone; on exit the outer
+    # one's hooks are put back.
+    originals = {name: getattr(type(builder), name).__get__(builder) for name in names}
+    outer_hooks = {name: vars(builder)[name] for name in names if name in vars(builder)}
     original_run = InterpretedFunction.run
 
     def load(ptrs, mask, *rest, **kw):
@@ -158,13 +187,21 @@ def tracing() -> Iterator[Tracer]:
         tracer._note("atomic", ptr, None)
         return originals["create_atomic_cas"](ptr, cmp, val, *rest, **kw)
 
+    def dot(a, b, d, input_precision, *rest, **kw):
+        if tracer._current is not None:
+            m, k = a.data.shape[-2:]
+            tracer._current.dots.append(Dot(int(m), int(b.data.shape[-1]), int(k),
+                                            _dtype_name(a), _dtype_name(d),
+                                            str(input_precision).rsplit(".", 1)[-1].lower()))
+        return originals["create_dot"](a, b, d, input_precision, *rest, **kw)
+
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
             return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
         names = list(inspect.signature(self.fn).parameters)
         outer, tracer._current = tracer._current, Launch(
             self.fn.__name__, _grid(grid, names, args, kwargs),
-            _tensor_args(names, args, kwargs))
+            _tensor_args(names, args, kwargs), options=_int_args(names, args, kwargs))
         try:
             return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
         finally:
@@ -172,7 +209,8 @@ def tracing() -> Iterator[Tracer]:
             tracer._current = outer
 
     for name, wrapper in (("create_masked_load", load), ("create_masked_store", store),
-                          ("create_atomic_rmw", rmw), ("create_atomic_cas", cas)):
+                          ("create_atomic_rmw", rmw), ("create_atomic_cas", cas),
+                          ("create_dot", dot)):
         setattr(builder, name, wrapper)
     InterpretedFunction.run = run
     try:
@@ -180,4 +218,7 @@ def tracing() -> Iterator[Tracer]:
     finally:
         InterpretedFunction.run = original_run
         for name in originals:
-            delattr(builder, name)  # back to the class's methods
+            if name in outer_hooks:
+                setattr(builder, name, outer_hooks[name])
+            else:
+                delattr(builder, name)  # back to the class's methods

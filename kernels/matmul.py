@@ -15,11 +15,14 @@ Inputs may have any strides; accumulation is in fp32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from rooflab.autograder.device import interpreter_enabled
+from rooflab.autograder.timing import autotune_bench
 
 
 @triton.jit
@@ -67,11 +70,34 @@ def tile_coordinates(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """What happens to a finished tile of C while it is still in registers: add a bias per
+    column, then apply an activation. Fused here, it costs no memory traffic; as separate
+    kernels, each would read and write all of C once more."""
+    if HAS_BIAS:
+        ### BEGIN SOLUTION
+        bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
+        acc += bias[None, :].to(tl.float32)
+        ### END SOLUTION
+    if ACTIVATION == "relu":
+        ### BEGIN SOLUTION
+        acc = tl.maximum(acc, 0.0)
+        ### END SOLUTION
+    if ACTIVATION == "gelu":  # tanh approximation, tanh from exp(-2|u|) so nothing overflows
+        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        e = tl.exp(-2.0 * tl.abs(u))
+        tanh = (1.0 - e) / (1.0 + e)
+        acc = 0.5 * acc * (1.0 + tl.where(u >= 0, tanh, -tanh))
+    return acc
+
+
+@triton.jit
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
+    a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
     pid_m, pid_n = tile_coordinates(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N),
                                     GROUP_M)
@@ -89,34 +115,120 @@ def matmul_kernel(
         if UPCAST:  # the interpreter computes bf16 dots wrongly; fp32 is exact there
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision=INPUT_PRECISION)
     ### END SOLUTION
+    acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACTIVATION)  # off until step 7
     c = acc.to(c_ptr.dtype.element_ty)
     tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, c,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def matmul(
-    a: torch.Tensor, b: torch.Tensor, block_m: int = 64, block_n: int = 64, block_k: int = 32,
-    group_m: int = 1,
-) -> torch.Tensor:
-    """a @ b for 2-D a (M×K) and b (K×N) of any strides, one tile of C per program,
-    programs in row-major order (``group_m=1``) or grouped (``group_m > 1``)."""
+def _launch_arguments(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+                      activation: str, precision: str) -> tuple[torch.Tensor, tuple, dict]:
+    """The output and the arguments every launch of ``matmul_kernel`` shares."""
     assert a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], "need (M×K) @ (K×N)"
     assert a.dtype == b.dtype, "a and b must share a dtype"
+    assert activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}"
+    assert precision in ("tf32", "tf32x3", "ieee"), "precision: tf32, tf32x3 or ieee"
     M, K = a.shape
     N = b.shape[1]
+    if bias is not None:
+        assert bias.shape == (N,), f"bias must have shape ({N},)"
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    args = (a, b, c, c if bias is None else bias, M, N, K,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    constants = dict(UPCAST=interpreter_enabled() and a.dtype == torch.bfloat16,
+                     INPUT_PRECISION=precision, HAS_BIAS=bias is not None,
+                     ACTIVATION=activation)
+    return c, args, constants
+
+
+ACTIVATIONS = ("none", "relu", "gelu")
+
+
+def matmul(
+    a: torch.Tensor, b: torch.Tensor, block_m: int = 64, block_n: int = 64, block_k: int = 32,
+    group_m: int = 1, num_warps: int = 4, num_stages: int = 3,
+    bias: torch.Tensor | None = None, activation: str = "none", precision: str = "tf32",
+) -> torch.Tensor:
+    """activation(a @ b + bias) for 2-D a (M×K) and b (K×N) of any strides, one tile of C
+    per program, programs in row-major order (``group_m=1``) or grouped (``group_m > 1``).
+    ``precision`` applies to fp32 inputs on a GPU: "tf32" (tensor cores, 10-bit mantissa),
+    "tf32x3" (three TF32 products, about fp32's accuracy) or "ieee" (CUDA cores)."""
+    c, args, constants = _launch_arguments(a, b, bias, activation, precision)
+    M, N = c.shape
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
-    matmul_kernel[grid](
-        a, b, c, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-        UPCAST=interpreter_enabled() and a.dtype == torch.bfloat16,
-    )
+    matmul_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages,
+                        **constants)
     return c
 
 
 def matmul_grouped(a: torch.Tensor, b: torch.Tensor, group_m: int = 4) -> torch.Tensor:
     """a @ b with programs in groups of ``group_m`` rows of tiles, for L2 reuse."""
     return matmul(a, b, group_m=group_m)
+
+
+def matmul_tensor_core(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with tiles shaped for the matrix units: fp16/bf16 tiles straight into
+    ``tl.dot``, fp32 accumulation, 128 × 128 tiles over 8 warps, 3 stages of K in flight."""
+    ### BEGIN SOLUTION
+    # 128×128 fp32 accumulator / (8 warps × 32 threads) = 64 registers a thread.
+    # Shared memory: 3 stages × (128×64 + 64×128) × 2 B = 96 KiB for fp16/bf16;
+    # fp32 (TF32) tiles are twice as wide in bytes, so half the K: also 96 KiB.
+    block_k = 64 if a.element_size() == 2 else 32
+    return matmul(a, b, block_m=128, block_n=128, block_k=block_k, group_m=8,
+                  num_warps=8, num_stages=3)
+    ### END SOLUTION
+
+
+def matmul_bias_relu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """relu(a @ b + bias) in one kernel: the epilogue runs on the tile in registers."""
+    return matmul(a, b, bias=bias, activation="relu")
+
+
+def matmul_configs() -> list[triton.Config]:
+    """Candidates for the autotuner: tile shapes, warps and pipeline stages. Big square
+    tiles for big square problems; narrow ones for skinny problems, where big tiles would
+    leave most SMs idle; more stages where BLOCK_K is small, so loads stay ahead of the
+    tensor cores."""
+    ### BEGIN SOLUTION
+    def config(bm: int, bn: int, bk: int, warps: int, stages: int) -> triton.Config:
+        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                             num_warps=warps, num_stages=stages)
+
+    return [
+        config(128, 256, 64, 8, 3),  # Hopper's sweet spot for large fp16/bf16
+        config(256, 128, 64, 8, 3),
+        config(128, 128, 64, 8, 4),
+        config(128, 128, 32, 4, 4),
+        config(128, 64, 64, 4, 4),
+        config(64, 128, 64, 4, 4),
+        config(64, 64, 64, 4, 4),
+        config(32, 128, 64, 4, 4),  # a short M (a few tokens): don't waste rows of the tile
+        config(64, 32, 128, 4, 4),  # a short N
+    ]
+    ### END SOLUTION
+
+
+@functools.cache
+def _tuned_matmul_kernel():
+    # Built on first use: on a GPU the autotuner times every config with do_bench (the
+    # median, per shape and dtype, cached); on a CPU it asks the traffic model instead.
+    return triton.autotune(configs=matmul_configs(), key=["M", "N", "K"],
+                           do_bench=autotune_bench())(matmul_kernel)
+
+
+def matmul_autotuned(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                     activation: str = "none", precision: str = "tf32") -> torch.Tensor:
+    """The playground matmul: activation(a @ b + bias) in fp16, bf16 or fp32 (TF32 unless
+    ``precision`` says otherwise), any shape and strides, the tile configuration chosen per
+    shape and dtype by the autotuner."""
+    c, args, constants = _launch_arguments(a, b, bias, activation, precision)
+    M, N = c.shape
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _tuned_matmul_kernel()[grid](*args, **constants)
+    return c

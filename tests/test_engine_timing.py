@@ -92,3 +92,26 @@ def test_nothing_is_timed_when_the_answer_is_wrong(fake_gpu):
     result = grade(lambda x: x)
     assert not result.passed
     assert fake_gpu.calls == 0 and result.performance is None
+
+
+def _with_baseline(at_least):
+    from dataclasses import replace
+
+    return replace(PROBLEM, id="test/negate_vs_library", baseline=torch.neg,
+                   baseline_name="torch.neg", at_least_vs_baseline=at_least)
+
+
+def test_speed_against_the_library_is_measured_on_the_same_inputs(fake_gpu):
+    result = check(_with_baseline(0.5), lambda x: -x, show=False, raise_on_failure=False)
+    assert result.passed, result.message()
+    assert fake_gpu.calls == 2  # the candidate, then torch.neg
+    assert result.performance.vs_baseline == pytest.approx(1.0)
+    assert "1.00× torch.neg's speed" in result.line
+
+
+def test_slower_than_asked_against_the_library_fails(fake_gpu):
+    # The stand-in timer reports the same time for both: 1.0× is below a 1.5× target.
+    result = check(_with_baseline(1.5), lambda x: -x, show=False, raise_on_failure=False)
+    assert not result.passed
+    assert "too slow against torch.neg: 1.00× its speed" in result.causes[-1]
+    assert "needs 1.5×" in result.causes[-1]

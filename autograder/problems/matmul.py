@@ -53,8 +53,8 @@ def _matmul_problem(id: str, title: str, **fields) -> Problem:
     return register(Problem(
         id=id, title=title,
         signature="(a: Tensor[m, k], b: Tensor[k, n]) -> Tensor[m, n]  # a @ b",
-        make_inputs=_inputs, reference=lambda a, b: a @ b, cost=_cost,
-        library_ops=MATMUL_OPS, tolerances=MATMUL_TOLERANCES, **fields,
+        make_inputs=_inputs, reference=lambda a, b: a @ b,
+        library_ops=MATMUL_OPS, tolerances=MATMUL_TOLERANCES, **{"cost": _cost, **fields},
     ))
 
 
@@ -129,3 +129,134 @@ _matmul_problem(
            "group_size = min(tiles_m - first_m, GROUP_M); pid_m = first_m + (pid % per_group) "
            "% group_size; pid_n = (pid % per_group) // group_size"),
 )
+
+
+def _cuda_cost(case: Case) -> Cost:
+    """CUDA C with float arithmetic runs on the CUDA cores: the fp32 roof, not TF32's."""
+    return Cost(**{**vars(_cost(case)), "dtype": "fp32"})
+
+
+def _uncoalesced(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    from rooflab.kernels.matmul_cuda import matmul_cuda_uncoalesced
+
+    return matmul_cuda_uncoalesced(a, b)
+
+
+_matmul_problem(
+    "matmul/cuda_coalesced",
+    "CUDA C, one thread per element of C: consecutive threads on consecutive columns",
+    kernel="cupy",
+    # Never run on a CPU (the CUDA C is compile-checked there); listed for `rooflab list`.
+    cpu_cases=[Case({"m": 33, "n": 70, "k": 20}, torch.float32)],
+    gpu_cases=[
+        Case({"m": 1000, "n": 1001, "k": 999}, torch.float32, note="ragged"),
+        Case({"m": 300, "n": 500, "k": 64}, torch.float32, transposed=("a",)),
+        Case({"m": 2048, "n": 2048, "k": 2048}, torch.float32),
+    ],
+    cost=_cuda_cost,
+    # Still naive (no reuse beyond the caches): timed to be compared, not held to a speed,
+    # except against the same kernel with the uncoalesced mapping.
+    levels=Levels(passing=0.0, good=0.2, excellent=0.4),
+    baseline=_uncoalesced, baseline_name="the column-walking mapping",
+    at_least_vs_baseline=1.5,
+    hints=("Within a warp, threadIdx.x (so i) goes up by one from thread to thread. Which "
+           "index of C should go up by one with it, so that B and C are read and written "
+           "in consecutive addresses?",
+           "C is row-major: c[row * N + col]. Consecutive i should give consecutive col, "
+           "and the same row.",
+           "long long row = i / N, col = i % N;"),
+)
+
+_matmul_problem(
+    "matmul/tensor_core", "Tiles shaped for the tensor cores",
+    cpu_cases=[
+        Case({"m": 200, "n": 130, "k": 96}, torch.float16, note="ragged tiles"),
+        Case({"m": 64, "n": 300, "k": 70}, torch.float16, transposed=("b",)),
+        Case({"m": 130, "n": 70, "k": 64}, torch.float32, note="TF32 on a GPU"),
+        Case({"m": 96, "n": 128, "k": 80}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"m": 1000, "n": 1001, "k": 999}, torch.float32, note="TF32"),
+        Case({"m": 2048, "n": 1536, "k": 1000}, torch.float16, transposed=("b",)),
+        Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="timed against cuBLAS"),
+    ],
+    levels=Levels(passing=0.4, good=0.6, excellent=0.75),
+    tf32_on_gpu=True,
+    structure=Structure(tensor_cores=True),
+    baseline=torch.matmul, baseline_name="torch.matmul", at_least_vs_baseline=0.5,
+    hints=("The kernel is step 3's; what changes is the launch: tile sizes, warps and "
+           "stages. Count what one program needs before choosing.",
+           "A Hopper warpgroup multiplies 64×N×16 per instruction: BLOCK_M and BLOCK_N of "
+           "128 keep it busy. The fp32 accumulator, BLOCK_M×BLOCK_N values, is shared by "
+           "num_warps×32 threads; num_stages copies of both input tiles live in shared "
+           "memory (227 KiB on an H100).",
+           "matmul(a, b, block_m=128, block_n=128, block_k=64 (32 for fp32), group_m=8, "
+           "num_warps=8, num_stages=3)"),
+)
+
+_matmul_problem(
+    "matmul/autotuned", "The autotuned matmul: configurations chosen per shape",
+    # Each new shape and dtype makes the autotuner try every configuration: keep few.
+    cpu_cases=[
+        Case({"m": 200, "n": 130, "k": 64}, torch.float16, note="ragged tiles"),
+        Case({"m": 16, "n": 256, "k": 192}, torch.float32, note="skinny"),
+        Case({"m": 96, "n": 64, "k": 128}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"m": 16, "n": 8192, "k": 8192}, torch.bfloat16, note="skinny"),
+        Case({"m": 1000, "n": 1001, "k": 999}, torch.float32, note="TF32"),
+        Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="timed against cuBLAS"),
+    ],
+    levels=Levels(passing=0.4, good=0.6, excellent=0.75),
+    tf32_on_gpu=True,
+    baseline=torch.matmul, baseline_name="torch.matmul", at_least_vs_baseline=0.5,
+    hints=("Offer the autotuner a handful of triton.Config: big tiles for big problems, "
+           "narrow ones for skinny problems, and several warps/stages per tile size.",
+           "Each config is triton.Config({'BLOCK_M': ..., 'BLOCK_N': ..., 'BLOCK_K': ..., "
+           "'GROUP_M': 8}, num_warps=..., num_stages=...). Check each fits: "
+           "num_stages × (BLOCK_M + BLOCK_N) × BLOCK_K × 2 bytes ≤ 227 KiB.",
+           "(128, 256, 64, warps 8, stages 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), "
+           "(64, 64, 64, 4, 4), (32, 128, 64, 4, 4), (64, 32, 128, 4, 4)"),
+)
+
+
+def _epilogue_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    a, b = _inputs(case, gen, device)
+    return a, b, random_tensor((case.sizes["n"],), case.dtype, gen, device, case.scale)
+
+
+def _epilogue_cost(case: Case) -> Cost:
+    cost = _cost(case)
+    extra = case.sizes["n"] * case.dtype.itemsize  # the bias; C is written once either way
+    return Cost(cost.flops + 2 * case.sizes["m"] * case.sizes["n"], cost.bytes + extra,
+                cost.dtype)
+
+
+register(Problem(
+    id="matmul/epilogue", title="Fused epilogue: relu(a @ b + bias) in one kernel",
+    signature="(a: Tensor[m, k], b: Tensor[k, n], bias: Tensor[n]) -> Tensor[m, n]"
+              "  # relu(a @ b + bias)",
+    make_inputs=_epilogue_inputs,
+    reference=lambda a, b, bias: torch.relu(a @ b + bias),
+    cost=_epilogue_cost,
+    cpu_cases=[
+        Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
+        Case({"m": 64, "n": 130, "k": 64}, torch.float16, transposed=("a",)),
+        Case({"m": 64, "n": 48, "k": 80}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"m": 1000, "n": 1001, "k": 999}, torch.float32, note="TF32"),
+        Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16),
+    ],
+    # A separate add and relu would read and write C twice more: aten calls are reported.
+    library_ops=MATMUL_OPS | {"add", "add_", "relu", "relu_", "clamp", "clamp_min",
+                              "maximum", "threshold", "where"},
+    tolerances=MATMUL_TOLERANCES, levels=Levels(passing=0.3, good=0.5, excellent=0.7),
+    tf32_on_gpu=True,
+    hints=("The tile of C is still in registers after the K loop: add the bias there and "
+           "apply relu before the store, in `epilogue`.",
+           "The bias has one value per column of C: load bias_ptr + rn (masked), and add it "
+           "to every row of the tile with bias[None, :].",
+           "bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0); acc += bias[None, :]"
+           ".to(tl.float32); then acc = tl.maximum(acc, 0.0)"),
+))
