@@ -1,0 +1,110 @@
+"""Lab 03 — softmax. Memory-bound: graded against the bandwidth roof; the checks include
+rows of large magnitude, where a softmax that does not subtract the row max overflows."""
+
+from __future__ import annotations
+
+import torch
+
+from ..problem import Case, Cost, Levels, Problem, Structure, random_tensor, register
+
+# What a wrong softmax looks like, and why: the engine adds this to a failing case.
+OVERFLOW = ("exp overflows for inputs above ~88.7 (fp32): subtract the row max before exp; "
+            "softmax(x) = softmax(x - max(x)), and then every exp is at most 1")
+
+
+def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    m, n = case.sizes["m"], case.sizes["n"]
+    if "x" in case.transposed:  # a strided view: rows n apart in memory, columns 1 apart
+        return (random_tensor((n, m), case.dtype, gen, device, case.scale).T,)
+    return (random_tensor((m, n), case.dtype, gen, device, case.scale),)
+
+
+def _cost(case: Case) -> Cost:
+    m, n = case.sizes["m"], case.sizes["n"]
+    size = case.dtype.itemsize
+    # max, subtract, exp, add, divide: 5 FLOPs an element, far below any ridge.
+    return Cost(flops=5 * m * n, bytes=2 * m * n * size)
+
+
+def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> str:
+    """Name the usual causes of a wrong softmax from what the output looks like."""
+    (x,) = inputs
+    got = output.double()
+    if not torch.isfinite(got).all() and x.abs().max() > 80:
+        return OVERFLOW
+    sums = got.sum(dim=-1)
+    if torch.isfinite(sums).all() and (sums - 1).abs().max() > 1e-2:
+        return (f"rows sum to {sums.min():.3g}…{sums.max():.3g}, not 1: the denominator is "
+                "wrong. In one pass over a long row, rescale the running sum by "
+                "exp(m_old - m_new) whenever the running max grows")
+    return ""
+
+
+SOFTMAX_OPS = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "exp", "sum",
+                         "amax", "max", "div", "sub", "logsumexp"})
+
+
+def _softmax_problem(id: str, title: str, **fields) -> Problem:
+    return register(Problem(
+        id=id, title=title, signature="(x: Tensor[m, n]) -> Tensor[m, n]  # softmax(x, dim=-1)",
+        make_inputs=_inputs, reference=lambda x: torch.softmax(x, dim=-1), cost=_cost,
+        library_ops=SOFTMAX_OPS, diagnose=diagnose, out_contiguous=True, **fields))
+
+
+LARGE = "large magnitudes: exp overflows unless the row max is subtracted"
+
+_softmax_problem(
+    "softmax/fused", "Fused softmax: one read, one write, one program per row",
+    cpu_cases=[
+        Case({"m": 7, "n": 100}, torch.float32),
+        Case({"m": 33, "n": 781}, torch.float32, note="ragged rows"),
+        Case({"m": 16, "n": 1025}, torch.float16, note="just past a power of two"),
+        Case({"m": 20, "n": 300}, torch.float32, transposed=("x",), note="strided rows"),
+        Case({"m": 8, "n": 300}, torch.float32, scale=1000.0, note=LARGE),
+        Case({"m": 8, "n": 200}, torch.float16, scale=300.0, note=LARGE),
+        Case({"m": 64, "n": 512}, torch.float32, note="traced for traffic"),
+        Case({"m": 9, "n": 130}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"m": 1823, "n": 781}, torch.float32, note="ragged rows"),
+        Case({"m": 4096, "n": 1000}, torch.float32, scale=1000.0, note=LARGE),
+        Case({"m": 4096, "n": 4096}, torch.bfloat16),
+        Case({"m": 16384, "n": 8192}, torch.float16, note="timed: rows fit one block"),
+    ],
+    # One read and one write of HBM: at least 70% of the measured copy bandwidth.
+    levels=Levels(passing=0.7, good=0.8, excellent=0.9),
+    # Three passes through memory move 2.5–3.5× the compulsory bytes; one pass, 1×. On a
+    # card whose L2 is small next to these rows, as a real L2 is next to real tensors.
+    structure=Structure(dram_over_compulsory=1.3, l2_bytes=16 * 1024, sm_count=8),
+    hints=("One program per row: load the whole row as one block (BLOCK = the next power "
+           "of two ≥ n), masked lanes as -inf so they add nothing to the max or the sum.",
+           "Subtract the row max before exp: then every exp is ≤ 1 and nothing overflows; "
+           "the result is the same, since the factor exp(-max) cancels.",
+           "z = x - tl.max(x, axis=0); num = tl.exp(z); y = num / tl.sum(num, axis=0)"),
+)
+
+_softmax_problem(
+    "softmax/online", "Online softmax: rows longer than a block, running max and sum",
+    cpu_cases=[
+        Case({"m": 4, "n": 3000}, torch.float32, note="three blocks a row"),
+        Case({"m": 3, "n": 2100}, torch.float16, scale=300.0, note=LARGE),
+        Case({"m": 5, "n": 1030}, torch.float32, transposed=("x",), note="strided rows"),
+        Case({"m": 2, "n": 4096}, torch.float32, scale=8.0, note="the max grows along the row"),
+        Case({"m": 3, "n": 2000}, torch.bfloat16),
+    ],
+    gpu_cases=[
+        Case({"m": 64, "n": 200003}, torch.float32, note="ragged, long rows"),
+        Case({"m": 512, "n": 100000}, torch.float32, scale=1000.0, note=LARGE),
+        Case({"m": 1024, "n": 65536}, torch.bfloat16, note="timed"),
+    ],
+    # It reads x twice (once for the statistics, once to write): 3 of every 2 compulsory
+    # bytes, so about 67% of the roof at best.
+    levels=Levels(passing=0.5, good=0.58, excellent=0.63),
+    hints=("Walk the row in blocks. Keep two scalars: m, the max so far, and d, the sum of "
+           "exp(x - m) so far. A second loop writes exp(x - m) / d.",
+           "When a block raises the max from m to m_new, every term already in d was "
+           "computed against the old max: multiply d by exp(m - m_new) before adding the "
+           "block's own sum of exp(x - m_new).",
+           "m_new = tl.maximum(m, tl.max(x, axis=0)); d = d * tl.exp(m - m_new) + "
+           "tl.sum(tl.exp(x - m_new), axis=0); m = m_new (guard m = -inf at the start)"),
+)

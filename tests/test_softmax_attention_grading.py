@@ -1,0 +1,94 @@
+"""Labs 03 and 04 graded: softmax/fused, softmax/online, attention/flash_fwd and
+attention/flash_bwd pass the course's kernels and name the cause of the classic bugs."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from rooflab.autograder import check
+from rooflab.kernels import attention, softmax
+
+KERNELS = Path(attention.__file__).parent
+
+
+def _grade(problem_id, fn):
+    return check(problem_id, fn, show=False, raise_on_failure=False)
+
+
+def _mutant(tmp_path, module: str, line: str, replacement: str):
+    """The course's kernel module with one line changed: the bug a learner would write."""
+    source = (KERNELS / f"{module}.py").read_text()
+    assert source.count(line) == 1, f"{line!r} is not one line of kernels/{module}.py"
+    path = tmp_path / f"mutant_{module}.py"
+    path.write_text(source.replace(line, replacement))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    return mutant
+
+
+@pytest.mark.parametrize("problem_id, solution", [
+    ("softmax/fused", softmax.softmax_fused),
+    ("softmax/online", softmax.softmax_online),
+    ("attention/flash_fwd", attention.flash_attention),
+    ("attention/flash_bwd", attention.flash_attention),
+])
+def test_solutions_pass(problem_id, solution):
+    result = _grade(problem_id, solution)
+    assert result.passed, result.message()
+
+
+def test_unstable_softmax_is_caught_and_told_to_subtract_the_max():
+    result = _grade("softmax/fused", softmax.softmax_unstable)
+    assert not result.passed
+    assert "large magnitudes" in result.causes[0]
+    assert "subtract the row max before exp" in result.causes[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="traffic is graded in the interpreter")
+def test_three_pass_softmax_fails_on_traffic():
+    result = _grade("softmax/fused", softmax.softmax_naive)
+    assert all(case.ok for case in result.cases)
+    assert any("2.50× the compulsory bytes" in cause for cause in result.causes), result.causes
+
+
+def test_softmax_from_the_library_is_reported():
+    result = _grade("softmax/fused", lambda x: torch.softmax(x, dim=-1))
+    assert "calls the library (aten._softmax)" in result.causes[0]
+
+
+def test_online_softmax_without_rescaling_is_caught(tmp_path):
+    mutant = _mutant(tmp_path, "softmax", "d = d * tl.exp(m - shift) + ", "d = d + ")
+    result = _grade("softmax/online", mutant.softmax_online)
+    assert not result.passed
+    assert "not 1: the denominator is wrong" in result.causes[0]
+    assert "rescale the running sum" in result.causes[0]
+
+
+def test_flash_attention_without_rescaling_the_running_sum_is_caught(tmp_path):
+    mutant = _mutant(tmp_path, "attention", "l_i = l_i * alpha + tl.sum(p, 1)",
+                     "l_i = l_i + tl.sum(p, 1)")
+    result = _grade("attention/flash_fwd", mutant.flash_attention)
+    assert not result.passed
+    message = result.message()
+    assert "with v = 1 every output must be 1" in message
+    assert "rescale both the running sum l and the accumulator" in message
+
+
+def test_flash_attention_from_the_library_is_reported():
+    def sdpa(q, k, v, causal, sm_scale):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                scale=sm_scale)
+
+    result = _grade("attention/flash_fwd", sdpa)
+    assert "calls the library (aten._scaled_dot_product" in result.causes[0]
+
+
+def test_backward_is_graded_on_the_gradients(tmp_path):
+    # dk without the softmax scale: the forward is right, the gradients are not.
+    mutant = _mutant(tmp_path, "attention", "dk = dk * sm_scale  #", "dk = dk  #")
+    assert _grade("attention/flash_fwd", mutant.flash_attention).passed
+    result = _grade("attention/flash_bwd", mutant.flash_attention)
+    assert not result.passed and "wrong on" in result.causes[0]
