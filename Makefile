@@ -52,6 +52,8 @@ gpu-check:
 	$(PY) -m rooflab.autograder.cli roofline --json $(OUT)/
 	$(PY) -m rooflab.autograder.cli bench coalescing --json $(OUT)/
 	$(PY) -m rooflab.autograder.cli bench matmul --json $(OUT)/
+	$(PY) -m rooflab.autograder.cli bench softmax --json $(OUT)/
+	$(PY) -m rooflab.autograder.cli bench attention --json $(OUT)/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

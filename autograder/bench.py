@@ -98,9 +98,82 @@ def _coalescing_workloads(device: str) -> list[Workload]:
     ]
 
 
+def _softmax_workloads(device: str) -> list[Workload]:
+    from rooflab.kernels.softmax import softmax_fused, softmax_naive, softmax_online
+
+    loads = []
+    for m, n in ((16384, 1024), (8192, 8192), (4096, 32768)):
+        dtype = torch.float16
+        loads.append(Workload(
+            f"{m}x{n}", dtype, Cost(5 * m * n, 2 * m * n * dtype.itemsize),
+            lambda m=m, n=n, dtype=dtype: (torch.randn(m, n, device=device, dtype=dtype),),
+            {"torch.softmax": lambda x: torch.softmax(x, dim=-1),
+             "rooflab softmax_naive (3 passes)": softmax_naive,
+             "rooflab softmax_fused": softmax_fused,
+             "rooflab softmax_online": softmax_online},
+            lambda x: torch.softmax(x, dim=-1)))
+    return loads
+
+
+def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+               ) -> torch.Tensor:
+    """torch's scaled_dot_product_attention, held to its FlashAttention backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _forward_and_backward(attention: Callable, causal: bool) -> Callable:
+    """A timed callable for fwd+bwd: the forward, then the gradients of sum(o * do)."""
+    def run(q, k, v, do):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        attention(*leaves, causal).backward(do)
+        return torch.cat([leaf.grad.flatten() for leaf in leaves])
+
+    return run
+
+
+def _attention_workloads(device: str) -> list[Workload]:
+    from rooflab.kernels.attention import attention_reference, flash_attention
+
+    loads = []
+    heads, head_dim, dtype = 16, 128, torch.bfloat16
+    for seq in (1024, 2048, 4096, 8192, 16384):
+        batch = max(1, 16384 // seq)  # 16k tokens a batch, as FlashAttention's benchmarks
+        shape = (batch, heads, seq, head_dim)
+        for causal in (False, True):
+            flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
+            io = 4 * batch * heads * seq * head_dim * dtype.itemsize
+            ours = {"rooflab flash_attention": lambda q, k, v, c: flash_attention(q, k, v, c)}
+            naive = {"naive (scores in memory)": attention_reference} if seq <= 4096 else {}
+            label = f"b{batch} h{heads} s{seq} d{head_dim}{' causal' if causal else ''}"
+
+            def make(shape=shape, grads=False):
+                tensors = [torch.randn(shape, device=device, dtype=dtype) for _ in range(3)]
+                return (*tensors, torch.randn(shape, device=device, dtype=dtype)) if grads \
+                    else tuple(tensors)
+
+            forward = {"torch SDPA (flash)": sdpa_flash, **naive, **ours}
+            loads.append(Workload(
+                f"fwd {label}", dtype, Cost(flops, io, "bf16"), make,
+                {name: (lambda q, k, v, f=f, c=causal: f(q, k, v, c))
+                 for name, f in forward.items()},
+                lambda q, k, v, c=causal: sdpa_flash(q, k, v, c)))
+            loads.append(Workload(
+                f"fwd+bwd {label}", dtype, Cost(3.5 * flops, 2 * io, "bf16"),
+                lambda make=make: make(grads=True),
+                {name: _forward_and_backward(f, causal) for name, f in forward.items()
+                 if name != "naive (scores in memory)"},
+                _forward_and_backward(sdpa_flash, causal)))
+    return loads
+
+
 BENCHES: dict[str, Callable[[str], list[Workload]]] = {
     "matmul": _matmul_workloads,
     "coalescing": _coalescing_workloads,
+    "softmax": _softmax_workloads,
+    "attention": _attention_workloads,
 }
 
 

@@ -6,7 +6,8 @@
                                          3 needs a GPU: CUDA C compiled but not run)
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
-    rooflab bench matmul|coalescing      kernels against the library, timed (GPU only)
+    rooflab bench matmul|coalescing|softmax|attention
+                                         kernels against the library, timed (GPU only)
     rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
 """
 
@@ -270,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a ceilings JSON measured on a GPU")
 
     p = commands.add_parser("bench", help="the course's kernels against the library (GPU)")
-    p.add_argument("name", choices=["matmul", "coalescing"], help="which benchmark")
+    p.add_argument("name", choices=["matmul", "coalescing", "softmax", "attention"],
+                   help="which benchmark")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON; a folder "
                    "gets <card>-<date>-<name>.json")
 

@@ -81,3 +81,23 @@ def test_coalescing_benchmark_on_a_gpu(tmp_path, capsys):
     rows = json.loads(written.read_text())["rows"]
     assert {r["kernel"] for r in rows} >= {"rooflab vector_add", "rooflab transpose (tiles)"}
     assert all(0 < r["roofline_fraction"] < 1.5 for r in rows)
+
+
+def test_attention_workloads_count_causal_work_once_and_check_gradients():
+    loads = {load.shape: load for load in bench.BENCHES["attention"]("cpu")}
+    full, causal = loads["fwd b4 h16 s4096 d128"], loads["fwd b4 h16 s4096 d128 causal"]
+    assert causal.cost.flops * 2 == full.cost.flops == 4 * 4 * 16 * 4096**2 * 128
+    both = loads["fwd+bwd b4 h16 s4096 d128"]
+    assert both.cost.flops == 3.5 * full.cost.flops  # forward, then 2.5× for backward
+    assert "naive (scores in memory)" in full.kernels
+    assert "naive (scores in memory)" not in loads["fwd b1 h16 s16384 d128"].kernels
+
+
+def test_forward_and_backward_returns_the_gradients():
+    from rooflab.kernels.attention import attention_reference, flash_attention
+
+    q, k, v, do = (torch.randn(1, 2, 37, 64) for _ in range(4))
+    ours = bench._forward_and_backward(flash_attention, True)(q, k, v, do)
+    reference = bench._forward_and_backward(attention_reference, True)(q, k, v, do)
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    assert ours.numel() == 3 * q.numel()
