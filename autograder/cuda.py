@@ -111,13 +111,16 @@ class CudaKernel:
 
     def __call__(self, grid: Sequence[int], block: Sequence[int], args: Sequence) -> None:
         """Launch on torch's current stream. Tensors are passed as device pointers, Python
-        ints as 32-bit ``int``, floats as ``float``."""
+        ints as 32-bit ``int``, floats as ``float``, numpy scalars as their own type (use
+        ``np.int64`` for a ``long long`` parameter: CuPy packs arguments by their size)."""
         import cupy
 
         converted = []
         for arg in args:
             if isinstance(arg, torch.Tensor):
                 converted.append(cupy.from_dlpack(arg.detach()))
+            elif isinstance(arg, np.generic):
+                converted.append(arg)
             elif isinstance(arg, int):
                 converted.append(np.int32(arg))
             else:

@@ -43,10 +43,10 @@ class Device:
     def mode(self) -> str:
         """One line that tells a learner what the numbers next to it mean."""
         if self.is_gpu and interpreter_enabled():
-            return f"GPU: {self.name} with TRITON_INTERPRET=1 (interpreter): correctness only"
+            return f"GPU: {self.name} with TRITON_INTERPRET=1 (interpreter): nothing timed"
         if self.is_gpu:
             return f"GPU: {self.name}"
-        return "CPU (Triton interpreter): correctness only"
+        return "CPU (Triton interpreter): nothing timed, performance predicted"
 
     @property
     def can_measure(self) -> bool:

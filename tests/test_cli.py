@@ -103,7 +103,7 @@ def test_doctor_reports_versions_and_mode(capsys):
     for name in ("python", "torch", "triton", "numpy", "cupy"):
         assert name in out
     if not torch.cuda.is_available():
-        assert "CPU (Triton interpreter): correctness only" in out
+        assert "CPU (Triton interpreter): nothing timed, performance predicted" in out
     assert code in (EXIT_PASS, EXIT_FAIL)
     assert ("OK: no known-bad combination" in out) == (code == EXIT_PASS)
 

@@ -17,7 +17,7 @@ CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
 def test_cpu_mode_says_correctness_only():
     dev = device.current()
     assert not dev.is_gpu
-    assert dev.mode == "CPU (Triton interpreter): correctness only"
+    assert dev.mode == "CPU (Triton interpreter): nothing timed, performance predicted"
 
 
 @CPU_ONLY
@@ -102,7 +102,7 @@ def test_gpu_with_the_interpreter_forced_measures_nothing(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     gpu = device.Device(kind="gpu", name="NVIDIA H100 80GB HBM3", torch_device="cuda")
     assert not gpu.can_measure
-    assert gpu.mode.endswith("correctness only")
+    assert gpu.mode.endswith("(interpreter): nothing timed")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert gpu.can_measure
     assert gpu.mode == "GPU: NVIDIA H100 80GB HBM3"

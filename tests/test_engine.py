@@ -199,7 +199,7 @@ def test_cpu_result_shows_no_timing_as_gpu_performance():
     assert result.performance is not None and not result.performance.measured
     assert result.performance.seconds is None and result.performance.fraction is None
     assert "nothing measured" in result.line
-    assert "CPU (Triton interpreter): correctness only" in result.line
+    assert "CPU (Triton interpreter): nothing timed, performance predicted" in result.line
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ from rooflab.autograder.compare import Comparison
 from rooflab.autograder.problem import Case, Cost
 from rooflab.autograder.result import CaseResult, CheckResult, Performance
 
-CPU_MODE = "CPU (Triton interpreter): correctness only"
+CPU_MODE = "CPU (Triton interpreter): nothing timed, performance predicted"
 GPU_MODE = "GPU: NVIDIA H100 80GB HBM3"
 NOT_MEASURED = re.compile(r"\b(not|nothing) measured\b")
 CASES = [Case({"n": 1000}), Case({"n": 4096}, torch.float16, scale=100.0, note="tail")]
