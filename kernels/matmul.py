@@ -170,8 +170,8 @@ def matmul_grouped(a: torch.Tensor, b: torch.Tensor, group_m: int = 4) -> torch.
 
 
 def matmul_tensor_core(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b with tiles shaped for the matrix units: fp16/bf16 tiles straight into
-    ``tl.dot``, fp32 accumulation, 128 × 128 tiles over 8 warps, 3 stages of K in flight."""
+    """a @ b with tiles shaped for the matrix units: big enough to feed them, small enough
+    to fit one SM's shared memory and registers, fp16/bf16 tiles straight into ``tl.dot``."""
     ### BEGIN SOLUTION
     # 128×128 fp32 accumulator / (8 warps × 32 threads) = 64 registers a thread.
     # Shared memory: 3 stages × (128×64 + 64×128) × 2 B = 96 KiB for fp16/bf16;

@@ -60,8 +60,9 @@ def _forward_cost(case: Case) -> Cost:
 
 def _backward_cost(case: Case) -> Cost:
     forward = _forward_cost(case)
-    # Backward does 2.5× the forward's FLOPs; it reads q, k, v, o, do and writes dq, dk, dv.
-    return Cost(2.5 * forward.flops, 2 * forward.bytes, forward.dtype)
+    # The graded call runs the forward (1×) and then the backward (2.5× the forward's
+    # FLOPs): 3.5× in all. Bytes: q, k, v, do read, o written and read, dq, dk, dv written.
+    return Cost(3.5 * forward.flops, 2 * forward.bytes, forward.dtype)
 
 
 def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> str:
