@@ -380,13 +380,24 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
     cost = spec.cost(case)
     prediction = traffic.predict(launches, cost.flops, cost.bytes, cost.dtype, ceilings, card,
                                  case.label)
-    assert result.performance is not None
-    result.performance.prediction = prediction
-    result.performance.predicted_case = case
+    perf = result.performance
+    assert perf is not None
+    perf.prediction = prediction
+    perf.predicted_case = case
+    if prediction.floor_s and cost.flops / ceilings.peak_flops(cost.dtype) < prediction.floor_s \
+            and perf.floor.bound == "compute":
+        # A CPU-sized case is too small to be compute-bound: its fraction says little.
+        perf.notes.append(f"at this CPU size the work itself is memory-bound, while at "
+                          f"{perf.case.label} it is compute-bound: read the traffic, not the "
+                          "fraction")
     if spec.structure.toy_card:
         prediction = traffic.predict(launches, cost.flops, cost.bytes, cost.dtype, ceilings,
                                      card, case.label, spec.structure.l2_bytes,
                                      spec.structure.sm_count)
+        limit = spec.structure.dram_over_compulsory
+        perf.notes.append(f"graded{spec.structure.toy_card}: DRAM "
+                          f"{prediction.dram / prediction.compulsory:.2f}× compulsory"
+                          + (f", at most {limit:g}× allowed" if limit else ""))
     result.causes += spec.structure.failures(prediction)
     if spec.structure.tensor_cores:
         result.causes += matrix_units.failures(launches, dtype_name(case.dtype))

@@ -43,6 +43,7 @@ class Performance:
     not_measured: str = ""  # why nothing was measured: "no GPU", "measure=False", ...
     prediction: Prediction | None = None  # from the interpreter's traced traffic
     predicted_case: Case | None = None
+    notes: list[str] = field(default_factory=list)  # how to read a prediction
     baseline_name: str = ""  # the library call timed on the same inputs, if any
     baseline_seconds: float | None = None
 
@@ -78,7 +79,9 @@ class Performance:
     @property
     def line(self) -> str:
         if not self.measured and self.prediction is not None:
-            return f"nothing measured ({self.not_measured or 'no GPU'}); {self.prediction.line}"
+            notes = "".join(f"; {note}" for note in self.notes)
+            return (f"nothing measured ({self.not_measured or 'no GPU'}); "
+                    f"{self.prediction.line}{notes}")
         if not self.measured:
             return (f"nothing measured ({self.not_measured or 'no GPU'}); at {self.case.label} "
                     f"the {self.ceilings.device} datasheet floor is "

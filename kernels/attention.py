@@ -102,7 +102,7 @@ def flash_fwd_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=offs_m[:, None] < N_Q, other=0.0)
-    if UPCAST:  # the interpreter computes bf16 dots wrongly; fp32 is exact there
+    if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
         q = q.to(tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): scores in base 2, for exp2
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -276,7 +276,7 @@ def flash_bwd_dkdv_kernel(
                 other=0.0)
     v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=keys,
                 other=0.0)
-    if UPCAST:  # the interpreter computes bf16 dots wrongly; fp32 is exact there
+    if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # log2(e), as in the forward
@@ -347,7 +347,7 @@ def flash_bwd_dq_kernel(
     lse = tl.load(lse_ptr + pid_bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
     lse2 = lse * 1.4426950408889634  # to base 2, like the scores
     delta = tl.load(delta_ptr + pid_bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
-    if UPCAST:  # the interpreter computes bf16 dots wrongly; fp32 is exact there
+    if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # log2(e), as in the forward

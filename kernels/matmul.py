@@ -112,7 +112,7 @@ def matmul_kernel(
                     mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
         b = tl.load(b_ptr + k[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
-        if UPCAST:  # the interpreter computes bf16 dots wrongly; fp32 is exact there
+        if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc += tl.dot(a, b, input_precision=INPUT_PRECISION)
