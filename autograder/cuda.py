@@ -83,10 +83,11 @@ def compile_errors(source: str, name: str = "kernel.cu") -> list[str]:
         lib.nvrtcGetProgramLog(program, log)
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(program))
-    lines = [line for line in log.value.decode(errors="replace").splitlines() if "error" in line]
-    if status != 0 and not lines:
-        lines = [f"NVRTC failed with status {status}"]
-    return lines
+    if status == 0:  # compiled; the log holds warnings at most
+        return []
+    log_lines = log.value.decode(errors="replace").splitlines()
+    return [line for line in log_lines if "error" in line] or [
+        f"NVRTC failed with status {status}"]
 
 
 class CudaKernel:
@@ -115,20 +116,32 @@ class CudaKernel:
         ``np.int64`` for a ``long long`` parameter: CuPy packs arguments by their size)."""
         import cupy
 
-        converted = []
-        for arg in args:
-            if isinstance(arg, torch.Tensor):
-                converted.append(cupy.from_dlpack(arg.detach()))
-            elif isinstance(arg, np.generic):
-                converted.append(arg)
-            elif isinstance(arg, int):
-                converted.append(np.int32(arg))
-            else:
-                converted.append(np.float32(arg))
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        with stream:
+        # Convert inside the stream context: DLPack hands tensors over on the current
+        # stream, and outside it CuPy's would be the default one, which would make torch
+        # synchronise its stream with the default stream (and break CUDA-graph capture).
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        index = device.index if device is not None and device.index is not None else \
+            torch.cuda.current_device()
+        with cupy.cuda.Device(index), \
+                cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream):
+            converted = []
+            for arg in args:
+                if isinstance(arg, torch.Tensor):
+                    converted.append(cupy.from_dlpack(arg.detach()))
+                elif isinstance(arg, np.generic):
+                    converted.append(arg)
+                elif isinstance(arg, int):
+                    converted.append(np.int32(arg))
+                else:
+                    converted.append(np.float32(arg))
             self._compiled(tuple(grid), tuple(block), tuple(converted))
         recording.note_launch(self.name)
+
+
+def cupy_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cupy") is None
 
 
 def kernels_of(candidate: object) -> list[CudaKernel]:

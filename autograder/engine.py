@@ -133,7 +133,8 @@ class _Runner:
 
     def __call__(self, inputs: tuple, out: guard.Guarded | None) -> object:
         if self.spec.invoke is not None:
-            return self.spec.invoke(self.candidate, inputs)
+            with torch.enable_grad():  # a backward exercise, even inside torch.no_grad()
+                return self.spec.invoke(self.candidate, inputs)
         if out is None:
             return self.candidate(*inputs)
         self.candidate(*inputs, out.view)
@@ -224,7 +225,7 @@ def check(
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
     traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
-    if spec.kernel == "cupy" and not on_gpu:
+    if spec.kernel == "cupy" and (not on_gpu or cuda.cupy_missing() or _stubbed(candidate)):
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
 
     for index, case in enumerate(spec.cases(on_gpu)):
@@ -302,9 +303,16 @@ def _compile_only(candidate: Callable, result: CheckResult) -> CheckResult:
         result.needs_gpu = f"not compiled or run here ({missing}); graded on a GPU only"
         return result
     names = ", ".join(kernel.name for kernel in kernels)
-    result.needs_gpu = (f"{names} compiles (NVRTC {cuda.nvrtc_version()}, "
-                        f"{cuda.NVRTC_ARCH}); CUDA C runs, and is graded, on a GPU only")
+    where = ("CuPy is not installed: `pip install cupy-cuda12x` (or cupy-cuda13x) to run it"
+             if device_layer.current().can_measure else "CUDA C runs, and is graded, on a GPU "
+             "only")
+    result.needs_gpu = f"{names} compiles (NVRTC {cuda.nvrtc_version()}, {cuda.NVRTC_ARCH}); " \
+        + where
     return result
+
+
+def _stubbed(candidate: Callable) -> bool:
+    return any(kernel.is_stub for kernel in cuda.kernels_of(candidate))
 
 
 _last_verdicts: dict[str, bool] = {}
@@ -404,7 +412,9 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
 
 
 def _largest(cases, spec: Problem) -> Case:
-    return max(cases, key=lambda c: spec.cost(c).bytes)
+    """The case to time: the one marked ``timed``, else the one that moves the most bytes."""
+    marked = [case for case in cases if case.timed]
+    return marked[0] if marked else max(cases, key=lambda c: spec.cost(c).bytes)
 
 
 def _performance(

@@ -45,6 +45,8 @@ class Case:
     note: str = ""
     # Inputs given as transposed views (non-contiguous), by name: the strides must be used.
     transposed: tuple[str, ...] = ()
+    # On a GPU, the case that is timed (default: the one that moves the most bytes).
+    timed: bool = False
 
     @property
     def label(self) -> str:

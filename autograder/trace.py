@@ -153,51 +153,76 @@ class Tracer:
                                              active_lanes, size))
 
 
+# Active tracers, innermost last: a tracing() nested in another (an autotuner predicting
+# each config inside a check) records its launches alone, the outer one none of them.
+_tracers: list[Tracer] = []
+
+
 @contextlib.contextmanager
 def tracing() -> Iterator[Tracer]:
     """Record the memory accesses of every interpreted launch inside the ``with`` block."""
+    tracer = Tracer()
+    if _tracers:  # the hooks are in place: just become the innermost tracer
+        _tracers.append(tracer)
+        try:
+            yield tracer
+        finally:
+            _tracers.pop()
+        return
+    with _hooks():
+        _tracers.append(tracer)
+        try:
+            yield tracer
+        finally:
+            _tracers.pop()
+
+
+@contextlib.contextmanager
+def _hooks() -> Iterator[None]:
+    """Route the interpreter's loads, stores, atomics, dots and launches through the
+    innermost active tracer, and put the interpreter back as it was on exit."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.interpreter import interpreter_builder as builder
 
-    tracer = Tracer()
     names = ("create_masked_load", "create_masked_store", "create_atomic_rmw",
              "create_atomic_cas", "create_dot")
-    # The builder's own methods, so that a tracing() nested in another (an autotuner
-    # predicting each config inside a check) records its launches alone; on exit the outer
-    # one's hooks are put back.
-    originals = {name: getattr(type(builder), name).__get__(builder) for name in names}
-    outer_hooks = {name: vars(builder)[name] for name in names if name in vars(builder)}
+    originals = {name: getattr(builder, name) for name in names}
     original_run = InterpretedFunction.run
 
     def load(ptrs, mask, *rest, **kw):
+        tracer = _tracers[-1]
         tracer._note("load", ptrs, mask)
         return originals["create_masked_load"](ptrs, tracer._contain(ptrs, mask), *rest, **kw)
 
     def store(ptrs, value, mask, *rest, **kw):
+        tracer = _tracers[-1]
         tracer._note("store", ptrs, mask)
         return originals["create_masked_store"](ptrs, value, tracer._contain(ptrs, mask),
                                                 *rest, **kw)
 
     def rmw(op, ptr, val, mask, *rest, **kw):
+        tracer = _tracers[-1]
         tracer._note("atomic", ptr, mask)
         return originals["create_atomic_rmw"](op, ptr, val, tracer._contain(ptr, mask),
                                               *rest, **kw)
 
     def cas(ptr, cmp, val, *rest, **kw):
-        tracer._note("atomic", ptr, None)
+        _tracers[-1]._note("atomic", ptr, None)
         return originals["create_atomic_cas"](ptr, cmp, val, *rest, **kw)
 
     def dot(a, b, d, input_precision, *rest, **kw):
-        if tracer._current is not None:
+        current = _tracers[-1]._current
+        if current is not None:
             m, k = a.data.shape[-2:]
-            tracer._current.dots.append(Dot(int(m), int(b.data.shape[-1]), int(k),
-                                            _dtype_name(a), _dtype_name(d),
-                                            str(input_precision).rsplit(".", 1)[-1].lower()))
+            current.dots.append(Dot(int(m), int(b.data.shape[-1]), int(k), _dtype_name(a),
+                                    _dtype_name(d),
+                                    str(input_precision).rsplit(".", 1)[-1].lower()))
         return originals["create_dot"](a, b, d, input_precision, *rest, **kw)
 
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
             return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        tracer = _tracers[-1]
         names = list(inspect.signature(self.fn).parameters)
         outer, tracer._current = tracer._current, Launch(
             self.fn.__name__, _grid(grid, names, args, kwargs),
@@ -214,11 +239,8 @@ def tracing() -> Iterator[Tracer]:
         setattr(builder, name, wrapper)
     InterpretedFunction.run = run
     try:
-        yield tracer
+        yield
     finally:
         InterpretedFunction.run = original_run
         for name in originals:
-            if name in outer_hooks:
-                setattr(builder, name, outer_hooks[name])
-            else:
-                delattr(builder, name)  # back to the class's methods
+            delattr(builder, name)  # back to the class's methods

@@ -92,3 +92,8 @@ def test_backward_is_graded_on_the_gradients(tmp_path):
     assert _grade("attention/flash_fwd", mutant.flash_attention).passed
     result = _grade("attention/flash_bwd", mutant.flash_attention)
     assert not result.passed and "wrong on" in result.causes[0]
+
+
+def test_a_backward_exercise_is_graded_inside_no_grad():
+    with torch.no_grad():
+        assert _grade("attention/flash_bwd", attention.flash_attention).passed
