@@ -214,16 +214,21 @@ def matmul_configs() -> list[triton.Config]:
 @functools.cache
 def _tuned_matmul_kernel():
     # Built on first use: on a GPU the autotuner times every config with do_bench (the
-    # median, per shape and dtype, cached); on a CPU it asks the traffic model instead.
-    return triton.autotune(configs=matmul_configs(), key=["M", "N", "K"],
-                           do_bench=autotune_bench())(matmul_kernel)
+    # median, cached per key); on a CPU it asks the traffic model instead. The key holds
+    # what changes the best config: the shape, the layout (a transposed input is walked
+    # differently), the precision and the epilogue; Triton adds the dtypes.
+    return triton.autotune(
+        configs=matmul_configs(),
+        key=["M", "N", "K", "stride_ak", "stride_bn", "INPUT_PRECISION", "HAS_BIAS",
+             "ACTIVATION"],
+        do_bench=autotune_bench())(matmul_kernel)
 
 
 def matmul_autotuned(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                      activation: str = "none", precision: str = "tf32") -> torch.Tensor:
     """The playground matmul: activation(a @ b + bias) in fp16, bf16 or fp32 (TF32 unless
     ``precision`` says otherwise), any shape and strides, the tile configuration chosen per
-    shape and dtype by the autotuner."""
+    shape, dtype, layout and epilogue by the autotuner."""
     c, args, constants = _launch_arguments(a, b, bias, activation, precision)
     M, N = c.shape
 

@@ -7,7 +7,7 @@ only difference between the two kernels is the line that turns a thread's global
 * ``i % M, i / M`` (consecutive threads walk *down* a column of C): the 32 threads of a
   warp read A at 32 different rows, 32 sectors for 128 useful bytes, and write C 32
   rows apart. Every access is scattered.
-* ``i / N, i % N`` (consecutive threads walk *along* a row of C): the warp reads one
+* consecutive threads walking *along* a row of C (``ALONG_THE_ROWS``): the warp reads one
   element of A (a broadcast), 32 consecutive elements of B and writes 32 consecutive
   elements of C: 4 sectors each, every byte used. That is coalescing.
 
