@@ -408,7 +408,8 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
                           + (f", at most {limit:g}× allowed" if limit else ""))
     result.causes += spec.structure.failures(prediction)
     if spec.structure.tensor_cores:
-        result.causes += matrix_units.failures(launches, dtype_name(case.dtype))
+        result.causes += matrix_units.failures(launches, dtype_name(case.dtype),
+                                               matrix_units.rules_for(card))
 
 
 def _largest(cases, spec: Problem) -> Case:

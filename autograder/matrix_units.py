@@ -47,6 +47,12 @@ class TileRules:
 HOPPER = TileRules()
 
 
+def rules_for(card) -> TileRules:
+    """The tile rules with a datasheet card's shared memory (Hopper's when unknown)."""
+    shared = getattr(card, "shared_memory", 0)
+    return TileRules(shared_memory=shared) if shared else HOPPER
+
+
 def main_dot(launch: Launch) -> Dot | None:
     """The dot a launch ran most often: its full tile (all tiles have one shape)."""
     counts = Counter(launch.dots)

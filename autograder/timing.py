@@ -76,15 +76,16 @@ def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
     with tracing() as tracer:
         fn()
     launches = tracer.launches
+    ceilings, card = roofline.target(None)
+    rules = matrix_units.rules_for(card)
     dots = [(launch, matrix_units.main_dot(launch)) for launch in launches]
-    if any(dot and matrix_units.misfits(launch, dot) for launch, dot in dots):
+    if any(dot and matrix_units.misfits(launch, dot, rules) for launch, dot in dots):
         ms = float("inf")
     else:
         flops = sum(2 * d.m * d.n * d.k for launch in launches for d in launch.dots)
         operand = next((d.operand for _, d in dots if d), "fp32")
         compute = operand if operand in ("fp16", "bf16") else "tf32"
         compulsory = sum(t.extent for launch in launches for t in launch.tensors)
-        ceilings, card = roofline.target(None)
         predicted = traffic.predict(launches, flops, compulsory, compute, ceilings, card)
         # A program runs on one SM: with fewer programs than SMs, or a last partial wave,
         # part of the chip idles. This is what makes small tiles win on small problems.

@@ -272,3 +272,23 @@ def test_the_timed_case_is_the_marked_one():
     assert engine._largest(spec.gpu_cases, spec).sizes == {"m": 4096, "n": 4096, "k": 4096}
     unmarked = problem.get("matmul/tiled")
     assert engine._largest(unmarked.gpu_cases, unmarked).sizes["m"] == 4096
+
+
+def test_tile_rules_follow_the_target_card():
+    from rooflab.autograder import datasheet
+
+    assert matrix_units.rules_for(datasheet.get("H100 SXM")).shared_memory == 227 << 10
+    assert matrix_units.rules_for(datasheet.get("L4")).shared_memory == 99 << 10
+    assert matrix_units.rules_for(None) == matrix_units.HOPPER
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU stand-in for do_bench")
+def test_a_tile_that_fits_a_hopper_sm_may_not_fit_an_ada_one(monkeypatch):
+    a, b = _fp16(128, 128, 128)
+
+    def config():
+        mm.matmul(a, b, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+
+    assert timing.predicted_bench(config) < float("inf")  # 128 KiB of 227
+    monkeypatch.setenv("ROOFLAB_TARGET", "L4")
+    assert timing.predicted_bench(config) == float("inf")  # 128 KiB of 99
