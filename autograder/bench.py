@@ -117,10 +117,11 @@ def _softmax_workloads(device: str) -> list[Workload]:
 
 def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                ) -> torch.Tensor:
-    """torch's scaled_dot_product_attention, held to its FlashAttention backend."""
+    """torch's scaled_dot_product_attention on its FlashAttention backend where this card
+    and dtype allow it (then the memory-efficient one), never the unfused math path."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
@@ -154,7 +155,7 @@ def _attention_workloads(device: str) -> list[Workload]:
                 return (*tensors, torch.randn(shape, device=device, dtype=dtype)) if grads \
                     else tuple(tensors)
 
-            forward = {"torch SDPA (flash)": sdpa_flash, **naive, **ours}
+            forward = {"torch SDPA (flash where available)": sdpa_flash, **naive, **ours}
             loads.append(Workload(
                 f"fwd {label}", dtype, Cost(flops, io, "bf16"), make,
                 {name: (lambda q, k, v, f=f, c=causal: f(q, k, v, c))
