@@ -225,6 +225,7 @@ def check(
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
     traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
+    tile_findings: dict[str, list[str]] = {}  # tensor-core and fit rules -> the cases
     if spec.kernel == "cupy" and (not on_gpu or cuda.cupy_missing() or _stubbed(candidate)):
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
 
@@ -254,15 +255,25 @@ def check(
             allocations.append(out)
         launches = tracer.launches if tracer else []
         broken = _memory_violations(launches)
-        result.cases.append(CaseResult(case, error=broken) if broken else
-                            attempt.judge(spec, output, allocations, on_gpu, dev))
+        judged = CaseResult(case, error=broken) if broken else \
+            attempt.judge(spec, output, allocations, on_gpu, dev)
+        if judged.ok and launches and spec.trace_check is not None:
+            # Right answer; does the traced work match what the exercise is about?
+            judged.error = spec.trace_check(case, attempt.inputs, launches)
+        result.cases.append(judged)
         if launches and (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
             traced = (case, launches)
+        if launches and judged.ok:
+            for finding in _tile_findings(spec, case, launches):
+                tile_findings.setdefault(finding, []).append(case.label)
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
     result.cuda_launches = dict(recording.cuda_launches)
     result.causes = _causes(spec, result)
+    for finding, labels in tile_findings.items():
+        more = f" and {len(labels) - 1} more" if len(labels) > 1 else ""
+        result.causes.append(f"{finding} (at {labels[0]}{more})")
     if result.passed and spec.timed:
         result.performance = _performance(spec, run, info, seed, measure, result)
         if traced is not None:
@@ -407,9 +418,20 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
                           f"{prediction.dram / prediction.compulsory:.2f}× compulsory"
                           + (f", at most {limit:g}× allowed" if limit else ""))
     result.causes += spec.structure.failures(prediction)
+
+
+def _tile_findings(spec: Problem, case: Case, launches: list) -> list[str]:
+    """The matrix-unit rules (or just the fit rules) on one traced case, for its dtype."""
+    if not (spec.structure.tensor_cores or spec.structure.tile_fit):
+        return []
+    _, card = roofline.target(None)
+    rules = matrix_units.rules_for(card)
     if spec.structure.tensor_cores:
-        result.causes += matrix_units.failures(launches, dtype_name(case.dtype),
-                                               matrix_units.rules_for(card))
+        found = matrix_units.failures(launches, dtype_name(case.dtype), rules)
+    else:
+        found = [text for launch in launches if (dot := matrix_units.main_dot(launch))
+                 for text in matrix_units.misfits(launch, dot, rules)]
+    return found
 
 
 def _largest(cases, spec: Problem) -> Case:

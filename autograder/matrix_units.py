@@ -76,14 +76,17 @@ def failures(launches: list[Launch], input_dtype: str, rules: TileRules = HOPPER
         if dot.accumulator in ("fp16", "bf16"):
             found.append(f"{where} accumulates in {dot.accumulator}: accumulate in fp32 "
                          "(tl.zeros(..., dtype=tl.float32)); it costs nothing on tensor cores")
-        if dot.m < rules.min_m or dot.n < rules.min_n or dot.k < rules.min_k:
+        if dot.m < rules.min_m or dot.n < rules.min_n:
             reuse = dot.m * dot.n / (dot.m + dot.n)
             found.append(f"{where}: a {dot.m}×{dot.n} tile does {reuse:.0f} FLOPs per byte "
                          f"it loads ({rules.min_m}×{rules.min_n}: "
                          f"{rules.min_m * rules.min_n / (rules.min_m + rules.min_n):.0f}); "
                          "at 989 TFLOP/s that asks more of L2 and shared memory than they "
-                         f"deliver. Use at least {rules.min_m}×{rules.min_n}, BLOCK_K ≥ "
-                         f"{rules.min_k}")
+                         f"deliver. Use at least {rules.min_m}×{rules.min_n}")
+        if dot.k < rules.min_k:
+            found.append(f"{where}: BLOCK_K = {dot.k} gives each step of the K loop too "
+                         "little work to hide its loads (and is one 16-deep instruction); "
+                         f"use BLOCK_K ≥ {rules.min_k}")
         found += misfits(launch, dot, rules)
     return found
 

@@ -134,6 +134,8 @@ class Structure:
     # Every tl.dot fed as the matrix units want it (see matrix_units): operands in the
     # input's 16-bit dtype, fp32 accumulation, tiles that are big enough and fit an SM.
     tensor_cores: bool = False
+    # Every traced tile fits one SM (shared memory for num_stages, accumulator registers).
+    tile_fit: bool = False
 
     @property
     def toy_card(self) -> str:
@@ -207,6 +209,9 @@ class Problem:
     # invoke(candidate, inputs) -> output, where calling candidate(*inputs) is not the whole
     # exercise (e.g. a backward pass: run the forward, then backward, return the gradients).
     invoke: Callable[[Callable, tuple], object] | None = None
+    # trace_check(case, inputs, launches) -> "" or why a correct answer was computed the
+    # wrong way, from the interpreter's trace (e.g. causal attention loading every block).
+    trace_check: Callable[[Case, tuple, list], str] | None = None
     # diagnose(inputs, output, reference) -> the likely cause of a wrong answer, in words,
     # or "" (e.g. "rows do not sum to 1: the running sum is not rescaled").
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None

@@ -311,6 +311,11 @@ class Prediction:
     def bottleneck(self) -> str:
         worst = self.worst_tensor
         if self.sector_efficiency < 0.8 and worst is not None:
+            if worst.efficiency >= 0.5:  # strided access wastes more: this is edges
+                return (f"partly used sectors: {self.sector_efficiency:.0%} of the bytes "
+                        f"moved are used ({worst.name}: {worst.efficiency:.1%}), as at the "
+                        "ragged edges of small tiles or rows that do not start on a 32-byte "
+                        "boundary; it fades at full size")
             return (f"uncoalesced: only {self.sector_efficiency:.0%} of the bytes in the "
                     f"32-byte sectors moved are used ({worst.name}: {worst.efficiency:.1%})")
         ratio = self.dram / self.compulsory if self.compulsory else 1.0
@@ -322,9 +327,11 @@ class Prediction:
     @property
     def line(self) -> str:
         ratio = self.dram / self.compulsory if self.compulsory else float("nan")
+        l2 = self.reports[0].l2_bytes if self.reports else 0
+        with_l2 = f" with a {l2 / 2**20:g} MiB L2" if l2 else ""
         return (f"predicted for {self.target} at {self.case}: {self.fraction:.0%} of roofline, "
                 f"{self.bound}-bound (sector efficiency {self.sector_efficiency:.0%}, "
-                f"DRAM {ratio:.2f}× compulsory)")
+                f"DRAM {ratio:.2f}× compulsory{with_l2})")
 
 
 def predict(launches: list[Launch], flops: float, compulsory: float, dtype: str,

@@ -266,7 +266,7 @@ def flash_bwd_dkdv_kernel(
     do_ptr += b * stride_dob + h * stride_doh
     dk_ptr += b * stride_dkb + h * stride_dkh
     dv_ptr += b * stride_dvb + h * stride_dvh
-    lse_ptr += pid_bh * N_Q
+    lse_ptr += pid_bh * N_Q  # from here on, lse_ptr and delta_ptr are this head's rows
     delta_ptr += pid_bh * N_Q
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -336,6 +336,8 @@ def flash_bwd_dq_kernel(
     v_ptr += b * stride_vb + h * stride_vh
     do_ptr += b * stride_dob + h * stride_doh
     dq_ptr += b * stride_dqb + h * stride_dqh
+    lse_ptr += pid_bh * N_Q  # from here on, lse_ptr and delta_ptr are this head's rows
+    delta_ptr += pid_bh * N_Q
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -344,9 +346,9 @@ def flash_bwd_dq_kernel(
                 other=0.0)
     do = tl.load(do_ptr + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=rows,
                  other=0.0)
-    lse = tl.load(lse_ptr + pid_bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    lse = tl.load(lse_ptr + offs_m, mask=offs_m < N_Q, other=0.0)
     lse2 = lse * 1.4426950408889634  # to base 2, like the scores
-    delta = tl.load(delta_ptr + pid_bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    delta = tl.load(delta_ptr + offs_m, mask=offs_m < N_Q, other=0.0)
     if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
         q = q.to(tl.float32)
         do = do.to(tl.float32)

@@ -292,3 +292,31 @@ def test_a_tile_that_fits_a_hopper_sm_may_not_fit_an_ada_one(monkeypatch):
     assert timing.predicted_bench(config) < float("inf")  # 128 KiB of 227
     monkeypatch.setenv("ROOFLAB_TARGET", "L4")
     assert timing.predicted_bench(config) == float("inf")  # 128 KiB of 99
+
+
+def test_grouped_order_that_ignores_the_short_last_group_fails(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    source = Path(mm.__file__).read_text()
+    line = "group_size = min(tiles_m - first_m, GROUP_M)"
+    assert source.count(line) == 1
+    path = tmp_path / "mutant_matmul.py"
+    path.write_text(source.replace(line, "group_size = GROUP_M"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    result = _grade("matmul/grouped", mutant.matmul_grouped)
+    assert not result.passed and "a short last group" in result.causes[0]
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="graded from the interpreter's trace")
+def test_every_traced_dtype_must_fit_and_short_k_is_named():
+    wide = _grade("matmul/tensor_core", lambda a, b: mm.matmul(
+        a, b, block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3))
+    # Fits in fp16 (144 KiB); the fp32 case needs 288 KiB.
+    assert [c for c in wide.causes if "288 KiB" in c and "fp32" in c], wide.causes
+    short_k = _grade("matmul/tensor_core", lambda a, b: mm.matmul(
+        a, b, block_m=128, block_n=128, block_k=16, num_warps=8))
+    assert len(short_k.causes) == 1 and "BLOCK_K = 16" in short_k.causes[0]
+    assert "and 2 more" in short_k.causes[0]  # one finding, three cases

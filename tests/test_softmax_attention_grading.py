@@ -97,3 +97,28 @@ def test_backward_is_graded_on_the_gradients(tmp_path):
 def test_a_backward_exercise_is_graded_inside_no_grad():
     with torch.no_grad():
         assert _grade("attention/flash_bwd", attention.flash_attention).passed
+
+
+def test_online_softmax_without_the_minus_inf_guard_is_caught(tmp_path):
+    mutant = _mutant(tmp_path, "softmax", 'shift = tl.where(m_new == float("-inf"), 0.0, m_new)',
+                     "shift = m_new")
+    result = _grade("softmax/online", mutant.softmax_online)
+    assert not result.passed
+    assert "masked (-inf) positions" in result.causes[0]
+    assert "exp(-inf - (-inf)) = NaN" in result.causes[0]
+
+
+def test_causal_flash_attention_that_loads_every_key_block_fails(tmp_path):
+    mutant = _mutant(tmp_path, "attention",
+                     "never loaded\n        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)",
+                     "never loaded\n        hi = N_K")
+    result = _grade("attention/flash_fwd", mutant.flash_attention)
+    assert all(case.comparison.ok for case in result.cases)  # right answers...
+    assert not result.passed  # ...computed without skipping
+    assert "loaded all of K for every block of queries" in result.causes[0]
+
+
+def test_a_wrong_gradient_is_named(tmp_path):
+    mutant = _mutant(tmp_path, "attention", "dk = dk * sm_scale  #", "dk = dk  #")
+    cause = _grade("attention/flash_bwd", mutant.flash_attention).causes[0]
+    assert "wrong: dk (rel error" in cause and "dq and dv are right" in cause

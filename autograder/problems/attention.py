@@ -81,6 +81,50 @@ def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> st
     return ""
 
 
+def _bytes_loaded(launch, tensor: torch.Tensor) -> int:
+    """Bytes a launch loaded from ``tensor``'s memory (active lanes only)."""
+    start = tensor.data_ptr()
+    end = start + (tensor.untyped_storage().nbytes() if tensor.numel() else 0)
+    total = 0
+    for access in launch.accesses:
+        if access.kind == "load":
+            inside = (access.addresses >= start) & (access.addresses < end) & access.active
+            total += int(inside.sum()) * access.element_size
+    return total
+
+
+def causal_skipping(case: Case, inputs: tuple, launches: list) -> str:
+    """A causal forward must not load key blocks that lie wholly above the diagonal."""
+    q, k, _, causal, _ = inputs
+    if not causal:
+        return ""
+    b, h, s_k, d = k.shape
+    for launch in launches:
+        loaded = _bytes_loaded(launch, k)
+        every_block = launch.programs * s_k * d * k.element_size()  # no skipping at all
+        if loaded and loaded >= every_block:
+            return (f"causal, yet {launch.kernel} loaded all of K for every block of queries: "
+                    "key blocks wholly above the diagonal add nothing; stop the loop at the "
+                    "diagonal instead of masking them")
+    return ""
+
+
+def diagnose_gradients(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> str:
+    """Name the gradient that is wrong: the output stacks dq, dk and dv."""
+    errors = {}
+    for name, got, want in zip(("dq", "dk", "dv"), output.double(), reference, strict=True):
+        errors[name] = float((got - want).norm() / want.norm().clamp_min(1e-30))
+    wrong = [name for name, error in errors.items() if error > 1e-2]
+    if not wrong:
+        return ""
+    listed = ", ".join(f"{name} (rel error {errors[name]:.2g})" for name in wrong)
+    right = [name for name in errors if name not in wrong]
+    tail = f"; {' and '.join(right)} {'is' if len(right) == 1 else 'are'} right" if right else \
+        ("; all three are wrong: is the forward right (attention/flash_fwd), and lse in the "
+         "base the backward expects?")
+    return f"wrong: {listed}{tail}. The index (i, b, h, s, d) above reads i = 0 dq, 1 dk, 2 dv"
+
+
 ATTENTION_OPS = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                            "_scaled_dot_product_efficient_attention",
                            "_scaled_dot_product_cudnn_attention",
@@ -117,7 +161,7 @@ register(Problem(
     cpu_cases=_CPU, gpu_cases=_GPU,
     levels=Levels(passing=0.35, good=0.5, excellent=0.65),
     tolerances=ATTENTION_TOLERANCES, library_ops=ATTENTION_OPS, tf32_on_gpu=True,
-    diagnose=diagnose,
+    diagnose=diagnose, trace_check=causal_skipping,
     hints=("Each program owns BLOCK_M query rows: an fp32 accumulator (BLOCK_M × d), a "
            "running max m and a running sum l per row. Loop over key blocks; for causal, "
            "stop at the diagonal.",
@@ -153,7 +197,7 @@ register(Problem(
     # Gradients sum S products of rounded terms: twice the forward's allowance.
     tolerances={**ATTENTION_TOLERANCES, "fp16": Tolerance(rel=4e-3, elem=2e-2),
                 "bf16": Tolerance(rel=3e-2, elem=0.15)},
-    library_ops=ATTENTION_OPS, tf32_on_gpu=True,
+    library_ops=ATTENTION_OPS, tf32_on_gpu=True, diagnose=diagnose_gradients,
     hints=("Recompute P block by block from q, k and the saved lse: p = exp(q·kᵀ·scale - "
            "lse). Precompute delta = rowsum(do ∘ o) once.",
            "dv += pᵀ·do; dp = do·vᵀ; ds = p ∘ (dp - delta); dk += dsᵀ·q·scale; "

@@ -12,11 +12,19 @@ OVERFLOW = ("exp overflows for inputs above ~88.7 (fp32): subtract the row max b
             "softmax(x) = softmax(x - max(x)), and then every exp is at most 1")
 
 
+# Rows that start with a long run of -inf (masked positions, as in attention): a one-pass
+# softmax meets whole blocks whose max is -inf, and -inf - (-inf) is NaN.
+MASKED_START = "each row starts with 1500 masked (-inf) positions"
+
+
 def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
     m, n = case.sizes["m"], case.sizes["n"]
     if "x" in case.transposed:  # a strided view: rows n apart in memory, columns 1 apart
         return (random_tensor((n, m), case.dtype, gen, device, case.scale).T,)
-    return (random_tensor((m, n), case.dtype, gen, device, case.scale),)
+    x = random_tensor((m, n), case.dtype, gen, device, case.scale)
+    if case.note == MASKED_START:
+        x[:, :1500] = float("-inf")
+    return (x,)
 
 
 def _cost(case: Case) -> Cost:
@@ -30,7 +38,12 @@ def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> st
     """Name the usual causes of a wrong softmax from what the output looks like."""
     (x,) = inputs
     got = output.double()
-    if not torch.isfinite(got).all() and x.abs().max() > 80:
+    finite = x[torch.isfinite(x)]
+    if torch.isnan(got).any() and torch.isinf(x).any():
+        return ("NaN where the row starts with -inf: while every value seen so far is -inf, "
+                "the running max is -inf and exp(x - max) is exp(-inf - (-inf)) = NaN; "
+                "subtract 0 instead until the max is finite")
+    if not torch.isfinite(got).all() and finite.numel() and finite.abs().max() > 80:
         return OVERFLOW
     sums = got.sum(dim=-1)
     if torch.isfinite(sums).all() and (sums - 1).abs().max() > 1e-2:
@@ -92,6 +105,7 @@ _softmax_problem(
         Case({"m": 3, "n": 2100}, torch.float16, scale=300.0, note=LARGE),
         Case({"m": 5, "n": 1030}, torch.float32, transposed=("x",), note="strided rows"),
         Case({"m": 2, "n": 4096}, torch.float32, scale=8.0, note="the max grows along the row"),
+        Case({"m": 3, "n": 2500}, torch.float32, note=MASKED_START),
         Case({"m": 3, "n": 2000}, torch.bfloat16),
     ],
     gpu_cases=[
