@@ -10,7 +10,7 @@ library baseline. ``--json`` writes the same, with card, driver and versions, fo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -32,6 +32,8 @@ class Row:
     roofline_fraction: float
     bound: str
     ratio_to_baseline: float | None = None  # baseline time / this time (>1: faster)
+    # The same ratio against every library kernel of the workload, by name.
+    ratios: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,6 +44,13 @@ class Workload:
     make: Callable[[], tuple]
     kernels: dict[str, Callable]  # the first is the baseline
     reference: Callable
+    # The kernels that are the library's (the baseline and its alternatives): every row gets
+    # its speed relative to each. Default: the baseline alone.
+    library: tuple[str, ...] = ()
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        return self.library or (next(iter(self.kernels)),)
 
 
 def torch_matmul_tf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -115,14 +124,36 @@ def _softmax_workloads(device: str) -> list[Workload]:
     return loads
 
 
-def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
-               ) -> torch.Tensor:
-    """torch's scaled_dot_product_attention on its FlashAttention backend where this card
-    and dtype allow it (then the memory-efficient one), never the unfused math path."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def _sdpa_on(backends: list[str] | None) -> Callable:
+    """torch's scaled_dot_product_attention restricted to the named backends (None: the
+    default dispatch, what a user of torch gets without asking)."""
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        if backends is None:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        chosen = [getattr(SDPBackend, name) for name in backends if hasattr(SDPBackend, name)]
+        if not chosen:
+            raise NotAvailable(f"this torch has none of the SDPA backends {backends}")
+        with sdpa_kernel(chosen):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return sdpa
+
+
+class NotAvailable(RuntimeError):
+    """A library kernel this torch, card or dtype does not offer: its rows are left out."""
+
+
+# FlashAttention-2 where the card and dtype allow it (then the memory-efficient kernel),
+# never the unfused math path; cuDNN's fused attention (the default on Hopper since torch
+# 2.5); and the default dispatch itself.
+sdpa_flash = _sdpa_on(["FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
+sdpa_cudnn = _sdpa_on(["CUDNN_ATTENTION"])
+sdpa_default = _sdpa_on(None)
+SDPA_KERNELS = {"torch SDPA (flash where available)": sdpa_flash,
+                "torch SDPA (cuDNN)": sdpa_cudnn,
+                "torch SDPA (default dispatch)": sdpa_default}
 
 
 def _forward_and_backward(attention: Callable, causal: bool) -> Callable:
@@ -155,18 +186,18 @@ def _attention_workloads(device: str) -> list[Workload]:
                 return (*tensors, torch.randn(shape, device=device, dtype=dtype)) if grads \
                     else tuple(tensors)
 
-            forward = {"torch SDPA (flash where available)": sdpa_flash, **naive, **ours}
+            forward = {**SDPA_KERNELS, **naive, **ours}
             loads.append(Workload(
                 f"fwd {label}", dtype, Cost(flops, io, "bf16"), make,
                 {name: (lambda q, k, v, f=f, c=causal: f(q, k, v, c))
                  for name, f in forward.items()},
-                lambda q, k, v, c=causal: sdpa_flash(q, k, v, c)))
+                lambda q, k, v, c=causal: sdpa_flash(q, k, v, c), tuple(SDPA_KERNELS)))
             loads.append(Workload(
                 f"fwd+bwd {label}", dtype, Cost(3.5 * flops, 2 * io, "bf16"),
                 lambda make=make: make(grads=True),
                 {name: _forward_and_backward(f, causal) for name, f in forward.items()
                  if name != "naive (scores in memory)"},
-                _forward_and_backward(sdpa_flash, causal)))
+                _forward_and_backward(sdpa_flash, causal), tuple(SDPA_KERNELS)))
     return loads
 
 
@@ -210,10 +241,23 @@ def run(name: str) -> list[Row]:
     for load in BENCHES[name](current().torch_device):
         inputs = load.make()  # fresh random inputs for every workload, never zeros
         floor = roofline.time_floor(load.cost, ceilings)
-        measured = [_measure(name, label, load, inputs, floor) for label in load.kernels]
-        for row in measured:  # the first kernel is the library baseline
-            row.ratio_to_baseline = measured[0].median_us / row.median_us
-        rows += measured
+        measured = {}
+        for label in load.kernels:
+            try:
+                measured[label] = _measure(name, label, load, inputs, floor)
+            except NotAvailable as missing:
+                print(f"{load.shape}: {label} left out: {missing}")
+            except RuntimeError as error:  # e.g. "No available kernel" for this card/dtype
+                if label not in load.baselines or "available" not in str(error):
+                    raise
+                print(f"{load.shape}: {label} left out: {str(error).splitlines()[0]}")
+        first = measured.get(next(iter(load.kernels)))
+        for row in measured.values():
+            if first is not None:
+                row.ratio_to_baseline = first.median_us / row.median_us
+            row.ratios = {base: measured[base].median_us / row.median_us
+                          for base in load.baselines if base in measured}
+        rows += measured.values()
         del inputs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -221,12 +265,12 @@ def run(name: str) -> list[Row]:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'shape':<18}{'dtype':<10}{'kernel':<28}{'median µs':>11}{'throughput':>16}"
+    lines = [f"{'shape':<18}{'dtype':<10}{'kernel':<36}{'median µs':>11}{'throughput':>16}"
              f"{'roofline':>10}{'vs base':>9}"]
     for r in rows:
-        lines.append(f"{r.shape:<18}{r.dtype:<10}{r.kernel:<28}{r.median_us:>11.1f}"
+        lines.append(f"{r.shape:<18}{r.dtype:<10}{r.kernel:<36}{r.median_us:>11.1f}"
                      f"{r.throughput:>9.1f} {r.unit:<7}{r.roofline_fraction:>9.0%}"
-                     f"{r.ratio_to_baseline:>8.2f}×")
+                     + (f"{r.ratio_to_baseline:>8.2f}×" if r.ratio_to_baseline else f"{'-':>9}"))
     return "\n".join(lines)
 
 

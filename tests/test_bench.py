@@ -62,6 +62,38 @@ def test_rows_carry_time_throughput_fraction_and_ratio(stand_in_gpu):
     assert "twice as slow" in bench.table([base, slow])
 
 
+def test_every_row_is_compared_with_every_library_kernel(stand_in_gpu, monkeypatch):
+    def three(device):
+        x, y = torch.randn(1000), torch.randn(1000)
+        return [bench.Workload("n=1000", torch.float32, Cost(1000, 12_000), lambda: (x, y),
+                               {"torch add": torch.add, "twice as slow": torch.add},
+                               torch.add, library=("torch add", "twice as slow"))]
+
+    monkeypatch.setitem(bench.BENCHES, "coalescing", three)
+    base, slow = bench.run("coalescing")
+    assert base.ratios == pytest.approx({"torch add": 1.0, "twice as slow": 2.0})
+    assert slow.ratios == pytest.approx({"torch add": 0.5, "twice as slow": 1.0})
+
+
+def test_a_library_kernel_this_card_lacks_is_left_out_not_fatal(stand_in_gpu, monkeypatch,
+                                                               capsys):
+    def missing(*_):
+        raise bench.NotAvailable("this torch has none of the SDPA backends ['X']")
+
+    def loads(device):
+        x, y = torch.randn(1000), torch.randn(1000)
+        return [bench.Workload("n=1000", torch.float32, Cost(1000, 12_000), lambda: (x, y),
+                               {"torch add": torch.add, "absent": missing,
+                                "twice as slow": torch.add},
+                               torch.add, library=("torch add", "absent"))]
+
+    monkeypatch.setitem(bench.BENCHES, "coalescing", loads)
+    rows = bench.run("coalescing")
+    assert [r.kernel for r in rows] == ["torch add", "twice as slow"]
+    assert rows[1].ratios == pytest.approx({"torch add": 0.5})
+    assert "absent left out" in capsys.readouterr().out
+
+
 def test_a_wrong_kernel_stops_the_benchmark(stand_in_gpu, monkeypatch):
     def wrong(device):
         x = torch.randn(100)
@@ -90,6 +122,10 @@ def test_attention_workloads_count_causal_work_once_and_check_gradients():
     both = loads["fwd+bwd b4 h16 s4096 d128"]
     assert both.cost.flops == 3.5 * full.cost.flops  # forward, then 2.5× for backward
     assert "naive (scores in memory)" in full.kernels
+    # What a user of torch gets by default, and each fused backend, beside ours.
+    sdpa = {"torch SDPA (default dispatch)", "torch SDPA (cuDNN)",
+            "torch SDPA (flash where available)"}
+    assert set(full.baselines) == sdpa and sdpa < set(both.kernels)
     assert "naive (scores in memory)" not in loads["fwd b1 h16 s16384 d128"].kernels
 
 
