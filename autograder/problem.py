@@ -217,6 +217,9 @@ class Problem:
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None
     # Hints, from a nudge to the key line; ``hint(problem_id, level)`` shows one.
     hints: Sequence[str] = ()
+    # The course's own solution, "module:function" in rooflab.kernels. Tests hold it to the
+    # problem's own bar: correct in both worlds, and on a GPU fast enough with a margin.
+    solution: str = ""
 
     def cases(self, on_gpu: bool) -> Sequence[Case]:
         return self.gpu_cases if on_gpu else self.cpu_cases

@@ -1,16 +1,27 @@
 """Shared test set-up. Importing the autograder first switches Triton to its interpreter on
-a machine without a GPU, before any test module defines a kernel."""
+a machine without a GPU, before any test module defines a kernel.
+
+The suite runs in both worlds. A test that holds only in one says so with a marker:
+
+* ``@pytest.mark.gpu``: needs a CUDA GPU (real timing, kernels at size); skipped without one.
+* ``@pytest.mark.cpu("why")``: belongs to the CPU world (the interpreter's traces, the
+  CPU-sized cases, the traffic model's predictions); skipped on a GPU, with the reason.
+
+Everything else must pass in both.
+"""
 
 import pytest
 import torch
 
 import rooflab.autograder  # noqa: F401
 
+ON_GPU = torch.cuda.is_available()
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if ON_GPU and (cpu := item.get_closest_marker("cpu")) is not None:
+            why = cpu.args[0] if cpu.args else "the CPU world"
+            item.add_marker(pytest.mark.skip(reason=f"CPU world only: {why}"))
+        elif not ON_GPU and item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

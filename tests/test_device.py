@@ -10,7 +10,7 @@ import torch
 
 from rooflab.autograder import device
 
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+CPU_ONLY = pytest.mark.cpu("CPU behaviour")
 
 
 @CPU_ONLY

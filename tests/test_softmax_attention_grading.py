@@ -14,7 +14,9 @@ KERNELS = Path(attention.__file__).parent
 
 
 def _grade(problem_id, fn):
-    return check(problem_id, fn, show=False, raise_on_failure=False)
+    """The verdict on correctness, in either world; speed is graded in
+    test_solutions_on_gpu.py."""
+    return check(problem_id, fn, show=False, raise_on_failure=False, measure=False)
 
 
 def _mutant(tmp_path, module: str, line: str, replacement: str):
@@ -29,17 +31,6 @@ def _mutant(tmp_path, module: str, line: str, replacement: str):
     return mutant
 
 
-@pytest.mark.parametrize("problem_id, solution", [
-    ("softmax/fused", softmax.softmax_fused),
-    ("softmax/online", softmax.softmax_online),
-    ("attention/flash_fwd", attention.flash_attention),
-    ("attention/flash_bwd", attention.flash_attention),
-])
-def test_solutions_pass(problem_id, solution):
-    result = _grade(problem_id, solution)
-    assert result.passed, result.message()
-
-
 def test_unstable_softmax_is_caught_and_told_to_subtract_the_max():
     result = _grade("softmax/fused", softmax.softmax_unstable)
     assert not result.passed
@@ -47,7 +38,7 @@ def test_unstable_softmax_is_caught_and_told_to_subtract_the_max():
     assert "subtract the row max before exp" in result.causes[0]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="traffic is graded in the interpreter")
+@pytest.mark.cpu("traffic is graded in the interpreter")
 def test_three_pass_softmax_fails_on_traffic():
     result = _grade("softmax/fused", softmax.softmax_naive)
     assert all(case.ok for case in result.cases)
@@ -108,6 +99,7 @@ def test_online_softmax_without_the_minus_inf_guard_is_caught(tmp_path):
     assert "exp(-inf - (-inf)) = NaN" in result.causes[0]
 
 
+@pytest.mark.cpu("block skipping is read from the interpreter's trace")
 def test_causal_flash_attention_that_loads_every_key_block_fails(tmp_path):
     mutant = _mutant(tmp_path, "attention",
                      "never loaded\n        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)",

@@ -187,7 +187,7 @@ def traffic(fn, x):
     return total, len(tracer.launches)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="traces the interpreter")
+@pytest.mark.cpu("traces the interpreter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_bytes_moved_match_the_docstrings(dtype):
     M, N = 5, 300

@@ -6,8 +6,6 @@ import torch
 
 from rooflab.autograder import timing
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def test_cpu_stand_in_times_a_sleep_in_ms():
     median_ms = timing.cpu_stand_in(lambda: time.sleep(0.002))
@@ -49,14 +47,13 @@ def test_timing_median_us():
     assert timing.Timing(2.5e-6, "cuda graph").median_us == pytest.approx(2.5)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path")
+@pytest.mark.cpu("checks the CPU path")
 def test_time_gpu_raises_on_cpu():
     with pytest.raises(RuntimeError, match="CUDA"):
         timing.time_gpu(lambda: None)
 
 
 @pytest.mark.gpu
-@needs_cuda
 def test_time_gpu_large_copy_uses_do_bench():
     src = torch.empty(1 << 28, device="cuda", dtype=torch.float32)  # 1 GiB
     dst = torch.empty_like(src)
@@ -67,7 +64,6 @@ def test_time_gpu_large_copy_uses_do_bench():
 
 
 @pytest.mark.gpu
-@needs_cuda
 def test_time_gpu_tiny_kernel_uses_cuda_graph():
     a = torch.randn(1024, device="cuda")
     b = torch.randn(1024, device="cuda")

@@ -156,6 +156,7 @@ ATTENTION_TOLERANCES = {**DEFAULT_TOLERANCES, "fp16": Tolerance(rel=2e-3, elem=1
 
 register(Problem(
     id="attention/flash_fwd", title="FlashAttention forward: online softmax over K/V blocks",
+    solution="rooflab.kernels.attention:flash_attention",
     signature=SIGNATURE + "  # softmax(q kᵀ · scale) v",
     make_inputs=_qkv, reference=attention, cost=_forward_cost,
     cpu_cases=_CPU, gpu_cases=_GPU,
@@ -188,6 +189,7 @@ def _gradients(q, k, v, causal, sm_scale, do, forward=attention) -> torch.Tensor
 
 register(Problem(
     id="attention/flash_bwd", title="FlashAttention backward: dq, dk, dv by recomputation",
+    solution="rooflab.kernels.attention:flash_attention",
     signature=SIGNATURE + "  # differentiable: its gradients are graded",
     make_inputs=_backward_inputs, reference=_gradients, cost=_backward_cost,
     invoke=lambda candidate, inputs: _gradients(*inputs, forward=candidate),

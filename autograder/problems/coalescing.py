@@ -44,6 +44,7 @@ register(Problem(
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
     structure=Structure(sector_efficiency=0.9, dram_over_compulsory=1.5),
     library_ops=frozenset({"add", "add_", "sub", "sum", "stack", "cat", "copy_"}),
+    solution="rooflab.kernels.vector_add:vector_add",
     hints=("Program pid covers the elements pid * BLOCK ... pid * BLOCK + BLOCK - 1: "
            "tl.program_id(0) and tl.arange(0, BLOCK) give you those offsets.",
            "The last block runs past n: build mask = offsets < n and pass it to every "
@@ -90,6 +91,7 @@ register(Problem(
     structure=Structure(sector_efficiency=0.9),
     out_contiguous=True,
     library_ops=frozenset({"clone", "copy_", "t_copy", "transpose_copy", "permute_copy"}),
+    solution="rooflab.kernels.transpose:transpose",
     hints=("Give each program a BLOCK_M × BLOCK_N tile: rows from program_id(0), columns "
            "from program_id(1); make 2-D offsets with rows[:, None] and cols[None, :].",
            "Read the tile through x's strides and write the same tile through out's "
@@ -130,6 +132,7 @@ register(Problem(
     timed=False,
     out_contiguous=True,
     library_ops=frozenset({"clone", "copy_", "slice", "index_select", "contiguous"}),
+    solution="rooflab.kernels.strided_copy:strided_copy",
     hints=("Program p handles output elements p*BLOCK ... p*BLOCK + BLOCK - 1.",
            "Output element i is input element i * stride; the mask is on the output index.",
            "tl.store(out_ptr + offsets, tl.load(x_ptr + offsets * stride, mask=mask), "

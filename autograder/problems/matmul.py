@@ -60,6 +60,7 @@ def _matmul_problem(id: str, title: str, **fields) -> Problem:
 
 _matmul_problem(
     "matmul/naive", "Naive matmul: a block of one row of C per program, K one element at a time",
+    solution="rooflab.kernels.matmul:matmul_rows",
     # One interpreted program per row and K loop steps of one element: keep these small.
     cpu_cases=[
         Case({"m": 16, "n": 24, "k": 20}, torch.float32),
@@ -81,6 +82,7 @@ _matmul_problem(
 
 _matmul_problem(
     "matmul/tiled", "Tiled matmul: one block of C per program",
+    solution="rooflab.kernels.matmul:matmul",
     cpu_cases=[
         Case({"m": 64, "n": 64, "k": 64}, torch.float32),
         Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
@@ -107,6 +109,7 @@ _matmul_problem(
 
 _matmul_problem(
     "matmul/grouped", "Tiled matmul with grouped program order, for L2 reuse",
+    solution="rooflab.kernels.matmul:matmul_grouped",
     cpu_cases=[
         Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
         # 5 rows of tiles in groups of 4: the last group has one row; 3 columns of tiles.
@@ -115,6 +118,9 @@ _matmul_problem(
     ],
     gpu_cases=[
         Case({"m": 2048, "n": 1536, "k": 1000}, torch.float16, transposed=("b",)),
+        # 1100 rows make 35, 18, 9 or 5 rows of tiles (BLOCK_M 32 to 256): never a whole
+        # number of groups of 4 or 8.
+        Case({"m": 1100, "n": 1000, "k": 512}, torch.float16, note="a short last group"),
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
     ],
     levels=Levels(passing=0.3, good=0.5, excellent=0.7),
@@ -146,6 +152,7 @@ def _uncoalesced(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 _matmul_problem(
     "matmul/cuda_coalesced",
     "CUDA C, one thread per element of C: consecutive threads on consecutive columns",
+    solution="rooflab.kernels.matmul_cuda:matmul_cuda_coalesced",
     kernel="cupy",
     # Never run on a CPU (the CUDA C is compile-checked there); listed for `rooflab list`.
     cpu_cases=[Case({"m": 33, "n": 70, "k": 20}, torch.float32)],
@@ -178,6 +185,7 @@ AT_LIBRARY_SPEED = dict(levels=Levels(passing=0.4, good=0.6, excellent=0.75), tf
 
 _matmul_problem(
     "matmul/tensor_core", "Tiles shaped for the tensor cores",
+    solution="rooflab.kernels.matmul:matmul_tensor_core",
     cpu_cases=[
         Case({"m": 200, "n": 130, "k": 96}, torch.float16, note="ragged tiles"),
         Case({"m": 64, "n": 300, "k": 70}, torch.float16, transposed=("b",)),
@@ -203,6 +211,7 @@ _matmul_problem(
 
 _matmul_problem(
     "matmul/autotuned", "The autotuned matmul: configurations chosen per shape",
+    solution="rooflab.kernels.matmul:matmul_autotuned",
     # Each new shape and dtype makes the autotuner try every configuration: keep few.
     cpu_cases=[
         Case({"m": 200, "n": 130, "k": 64}, torch.float16, note="ragged tiles"),
@@ -241,6 +250,7 @@ def _epilogue_cost(case: Case) -> Cost:
 
 register(Problem(
     id="matmul/epilogue", title="Fused epilogue: relu(a @ b + bias) in one kernel",
+    solution="rooflab.kernels.matmul:matmul_bias_relu",
     signature="(a: Tensor[m, k], b: Tensor[k, n], bias: Tensor[n]) -> Tensor[m, n]"
               "  # relu(a @ b + bias)",
     make_inputs=_epilogue_inputs,

@@ -13,8 +13,10 @@ OVERFLOW = ("exp overflows for inputs above ~88.7 (fp32): subtract the row max b
 
 
 # Rows that start with a long run of -inf (masked positions, as in attention): a one-pass
-# softmax meets whole blocks whose max is -inf, and -inf - (-inf) is NaN.
-MASKED_START = "each row starts with 1500 masked (-inf) positions"
+# softmax meets whole blocks whose max is -inf, and -inf - (-inf) is NaN. The run
+# (``masked`` in the case's sizes) is longer than any block a kernel walking the row would
+# take, so the bug shows whatever the block size.
+MASKED_START = "each row starts with a long run of masked (-inf) positions"
 
 
 def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
@@ -22,8 +24,8 @@ def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
     if "x" in case.transposed:  # a strided view: rows n apart in memory, columns 1 apart
         return (random_tensor((n, m), case.dtype, gen, device, case.scale).T,)
     x = random_tensor((m, n), case.dtype, gen, device, case.scale)
-    if case.note == MASKED_START:
-        x[:, :1500] = float("-inf")
+    if "masked" in case.sizes:
+        x[:, :case.sizes["masked"]] = float("-inf")
     return (x,)
 
 
@@ -69,6 +71,7 @@ LARGE = "large magnitudes: exp overflows unless the row max is subtracted"
 
 _softmax_problem(
     "softmax/fused", "Fused softmax: one read, one write, one program per row",
+    solution="rooflab.kernels.softmax:softmax_fused",
     cpu_cases=[
         Case({"m": 7, "n": 100}, torch.float32),
         Case({"m": 33, "n": 781}, torch.float32, note="ragged rows"),
@@ -100,16 +103,18 @@ _softmax_problem(
 
 _softmax_problem(
     "softmax/online", "Online softmax: rows longer than a block, running max and sum",
+    solution="rooflab.kernels.softmax:softmax_online",
     cpu_cases=[
         Case({"m": 4, "n": 3000}, torch.float32, note="three blocks a row"),
         Case({"m": 3, "n": 2100}, torch.float16, scale=300.0, note=LARGE),
         Case({"m": 5, "n": 1030}, torch.float32, transposed=("x",), note="strided rows"),
         Case({"m": 2, "n": 4096}, torch.float32, scale=8.0, note="the max grows along the row"),
-        Case({"m": 3, "n": 2500}, torch.float32, note=MASKED_START),
+        Case({"m": 3, "n": 20000, "masked": 17000}, torch.float32, note=MASKED_START),
         Case({"m": 3, "n": 2000}, torch.bfloat16),
     ],
     gpu_cases=[
         Case({"m": 64, "n": 200003}, torch.float32, note="ragged, long rows"),
+        Case({"m": 64, "n": 140000, "masked": 135000}, torch.float32, note=MASKED_START),
         Case({"m": 512, "n": 100000}, torch.float32, scale=1000.0, note=LARGE),
         Case({"m": 1024, "n": 65536}, torch.bfloat16, note="timed", timed=True),
     ],
