@@ -114,3 +114,24 @@ def test_a_wrong_gradient_is_named(tmp_path):
     mutant = _mutant(tmp_path, "attention", "dk = dk * sm_scale  #", "dk = dk  #")
     cause = _grade("attention/flash_bwd", mutant.flash_attention).causes[0]
     assert "wrong: dk (rel error" in cause and "dq and dv are right" in cause
+
+
+def test_a_backward_that_ignores_an_explicit_sm_scale_fails(tmp_path):
+    # The forward honours sm_scale; the backward silently falls back to 1/sqrt(d).
+    mutant = _mutant(tmp_path, "attention", "do, ctx.causal, ctx.sm_scale)", "do, ctx.causal)")
+    assert _grade("attention/flash_fwd", mutant.flash_attention).passed
+    result = _grade("attention/flash_bwd", mutant.flash_attention)
+    assert not result.passed
+    assert "sm_scale_inv=5" in result.causes[0] and "wrong:" in result.causes[0]
+
+
+@pytest.mark.parametrize("problem_id", ["attention/flash_fwd", "attention/flash_bwd"])
+def test_every_argument_is_exercised_in_both_worlds(problem_id):
+    from rooflab.autograder import get_problem
+
+    spec = get_problem(problem_id)
+    for cases in (spec.cpu_cases, spec.gpu_cases):
+        assert any(c.sizes.get("causal") for c in cases)
+        assert any(not c.sizes.get("causal") for c in cases)
+        assert any("sm_scale_inv" in c.sizes for c in cases)
+        assert any("sm_scale_inv" not in c.sizes for c in cases)

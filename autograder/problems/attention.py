@@ -132,9 +132,11 @@ ATTENTION_OPS = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_
                            "_scaled_dot_product_attention_math", "bmm", "mm", "matmul",
                            "baddbmm", "softmax", "_softmax", "einsum"})
 
-# Sequence lengths that are not multiples of any block; head_dim 64 and 128.
+# Sequence lengths that are not multiples of any block; head_dim 64 and 128. In each world
+# a case the backward also sees passes an explicit sm_scale (1/5, not 1/√d), so that both
+# exercises grade that argument.
 _CPU = [
-    Case({"b": 1, "h": 2, "s": 100, "d": 64}, torch.float32),
+    Case({"b": 1, "h": 2, "s": 100, "d": 64, "sm_scale_inv": 5}, torch.float32),
     Case({"b": 2, "h": 1, "s": 77, "d": 64, "causal": 1}, torch.float16),
     Case({"b": 1, "h": 1, "s": 150, "d": 128, "causal": 1}, torch.float32,
          transposed=("q",)),
@@ -143,7 +145,7 @@ _CPU = [
     Case({"b": 1, "h": 1, "s": 130, "d": 64, "causal": 1}, torch.bfloat16),
 ]
 _GPU = [
-    Case({"b": 2, "h": 3, "s": 1000, "d": 64, "causal": 1}, torch.float16),
+    Case({"b": 2, "h": 3, "s": 1000, "d": 64, "causal": 1, "sm_scale_inv": 5}, torch.float16),
     Case({"b": 1, "h": 4, "s": 1537, "d": 128}, torch.bfloat16, transposed=("q",)),
     Case({"b": 1, "h": 2, "s": 2048, "d": 64, "sm_scale_inv": 4}, torch.float16, scale=2.0,
          note=ONES),
@@ -195,7 +197,10 @@ register(Problem(
     invoke=lambda candidate, inputs: _gradients(*inputs, forward=candidate),
     cpu_cases=[case for case in _CPU if case.note != ONES],
     gpu_cases=[case for case in _GPU if case.note != ONES],
-    levels=Levels(passing=0.25, good=0.4, excellent=0.55),
+    # The course's kernel reached 26% on an H200 (forward and backward together): the bar
+    # leaves it a margin of 10% of the bar, and the benchmarks track how far from
+    # FlashAttention-2 it still is.
+    levels=Levels(passing=0.22, good=0.4, excellent=0.55),
     # Gradients sum S products of rounded terms: twice the forward's allowance.
     tolerances={**ATTENTION_TOLERANCES, "fp16": Tolerance(rel=4e-3, elem=2e-2),
                 "bf16": Tolerance(rel=3e-2, elem=0.15)},

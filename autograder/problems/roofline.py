@@ -3,13 +3,52 @@ bytes, find the time floor and the bound, and time a kernel honestly."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import queue
+import statistics
 import threading
 import time
 
 import torch
 
 from ..problem import Case, Cost, Problem, register
+
+# --- answers that are numbers -----------------------------------------------------------
+
+
+def real_number(value: object) -> float | None:
+    """``value`` as a float if it is one real number — a Python int or float, a numpy
+    scalar, a tensor or array holding one element — else None. A bool is not a count."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):  # int, float, numpy's scalars, Fraction
+        return float(value)
+    if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
+        count = value.numel() if isinstance(value, torch.Tensor) else value.size
+        if count == 1:
+            return real_number(value.item())  # a one-element array: its number, if any
+    return None
+
+
+def _number_problem(name: str, got: object) -> tuple[float | None, str]:
+    """(the number, "") or (None, what is wrong with it)."""
+    value = real_number(got)
+    if value is None:
+        return None, f"{name}: got {got!r}, not a number"
+    if not math.isfinite(value):
+        return None, f"{name}: got {value}, not a finite number"
+    return value, ""
+
+
+# Relative error a right answer may carry: one held in float32 (a tensor's default) is
+# right to about 6e-8; a wrong formula is off by a factor, not a rounding.
+RTOL = 1e-6
+
+
+def _show(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:,.6g}"
+
 
 # --- counting ---------------------------------------------------------------------------
 
@@ -22,9 +61,13 @@ def _same_numbers(names: tuple[str, ...]):
     def compare(got: object, want: tuple) -> str:
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             return f"return a tuple ({', '.join(names)}); got {got!r}"
-        wrong = [f"{name}: got {g:,}, expected {w:,}" for name, g, w in zip(names, got, want,
-                                                                               strict=True)
-                 if not isinstance(g, (int, float)) or abs(g - w) > 1e-9 * max(abs(w), 1)]
+        wrong = []
+        for name, g, w in zip(names, got, want, strict=True):
+            value, problem = _number_problem(name, g)
+            if problem:
+                wrong.append(problem)
+            elif abs(value - w) > RTOL * max(abs(w), 1):
+                wrong.append(f"{name}: got {_show(value)}, expected {_show(w)}")
         return "; ".join(wrong)
 
     return compare
@@ -107,9 +150,10 @@ def _compare_floor(got: object, want: tuple) -> str:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return f"return a tuple (seconds, bound); got {got!r}"
     seconds, bound = got
-    problems = []
-    if not isinstance(seconds, (int, float)) or abs(seconds - want[0]) > 1e-9 * want[0]:
-        problems.append(f"seconds: got {seconds!r}, expected {want[0]:.4g}")
+    value, problem = _number_problem("seconds", seconds)
+    problems = [problem] if problem else []
+    if not problem and abs(value - want[0]) > RTOL * want[0]:
+        problems.append(f"seconds: got {value:.4g}, expected {want[0]:.4g}")
     if bound != want[1]:
         problems.append(f"bound: got {bound!r}, expected {want[1]!r}")
     return "; ".join(problems)
@@ -152,6 +196,11 @@ class SimulatedGPU:
     (caches empty, clocks ramping up), and every fifth kernel after that is slowed down
     (another process sharing the card, a clock change). ``synchronize()``
     waits for everything queued, as ``torch.cuda.synchronize()`` does.
+
+    It also notes what each warm run really cost, as an honest timer sees it: the time
+    the stream was busy with the kernel, plus the time ``synchronize()`` took to wake up
+    once the kernel was done. On a loaded host ``time.sleep`` overshoots and threads wake
+    late; a right timer sees both, so the answer it is compared with must too.
     """
 
     def __init__(self, kernel_s: float = 2e-3, compile_s: float = 60e-3, cold_runs: int = 4,
@@ -160,28 +209,62 @@ class SimulatedGPU:
         self.cold_runs, self.cold_s = cold_runs, cold_s
         self.slow_every, self.slow_s = slow_every, slow_s
         self.launches = 0
-        self._work: queue.Queue[float] = queue.Queue()
+        self._work: queue.Queue[tuple[float, float, str]] = queue.Queue()
+        self._finished: list[tuple[str, float, float]] = []  # (kind, busy_s, done_at)
+        self._synchronized = 0  # how many of _finished the last synchronize() had seen
+        self._runs_s: list[float] = []  # warm runs, each synchronised on its own
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
+        last_done = 0.0
         while True:
-            seconds = self._work.get()
+            seconds, queued_at, kind = self._work.get()
             time.sleep(seconds)
+            done = time.perf_counter()
+            # Busy from when the stream could start it: when queued, or when the one
+            # before it finished.
+            self._finished.append((kind, done - max(queued_at, last_done), done))
+            last_done = done
             self._work.task_done()
 
     def launch(self) -> None:
         self.launches += 1
-        seconds = self.kernel_s
+        seconds, kind = self.kernel_s, "steady"
         if self.launches == 1:
-            seconds += self.compile_s
+            seconds, kind = self.kernel_s + self.compile_s, "compile"
         elif self.launches <= self.cold_runs:
-            seconds = self.cold_s
+            seconds, kind = self.cold_s, "cold"
         elif self.launches % self.slow_every == 0:
-            seconds = self.slow_s
-        self._work.put(seconds)
+            seconds, kind = self.slow_s, "slow"
+        self._work.put((seconds, time.perf_counter(), kind))
 
     def synchronize(self) -> None:
+        called = time.perf_counter()
         self._work.join()
+        returned = time.perf_counter()
+        new = self._finished[self._synchronized:]
+        self._synchronized = len(self._finished)
+        if len(new) == 1 and new[0][0] in ("steady", "slow"):  # one warm run on its own
+            _, busy, done = new[0]
+            self._runs_s.append(busy + returned - max(done, called))
+
+    def one_run_s(self) -> float:
+        """What one run takes here, as a right timer measures it: the median of the warm
+        runs it synchronised one at a time, slowed ones included, as its own median
+        includes them (else the steady kernels' busy time, else the nominal time)."""
+        if self._runs_s:
+            return statistics.median(self._runs_s)
+        busy = [b for kind, b, _ in self._finished if kind == "steady"]
+        return statistics.median(busy) if busy else self.kernel_s
+
+
+# The stand-ins handed to candidates, by their launch function: a candidate gets two plain
+# functions, not the object that knows the answer.
+_STAND_INS: dict[object, SimulatedGPU] = {}
+
+# Each case's kernel time is drawn from its own band, and none is shown: only a timer that
+# really measures can be right on all of them (a constant fits one band at most).
+_BANDS_S = {1: (1.5e-3, 2.5e-3), 2: (3.2e-3, 4.5e-3), 3: (5.2e-3, 7.0e-3)}
 
 
 def _timer_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
@@ -190,28 +273,41 @@ def _timer_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tup
         a = torch.randn(n, n, device=device, generator=gen, dtype=torch.float16)
         b = torch.randn(n, n, device=device, generator=gen, dtype=torch.float16)
         return (lambda: torch.matmul(a, b), torch.cuda.synchronize)
-    gpu = SimulatedGPU(kernel_s=case.sizes["kernel_us"] * 1e-6)
-    return (gpu.launch, gpu.synchronize)
+    low, high = _BANDS_S[case.sizes["kernel"]]
+    draw = float(torch.rand((), generator=gen, device=device))
+    gpu = SimulatedGPU(kernel_s=low + (high - low) * draw)
+
+    def launch() -> None:
+        gpu.launch()
+
+    def synchronize() -> None:
+        gpu.synchronize()
+
+    _STAND_INS.clear()  # one case at a time
+    _STAND_INS[launch] = gpu
+    return (launch, synchronize)
 
 
 def _true_time(launch, synchronize) -> float:
     """The reference: what one kernel really takes, by the course's own method."""
-    owner = getattr(launch, "__self__", None)
-    if isinstance(owner, SimulatedGPU):
-        return owner.kernel_s
+    gpu = _STAND_INS.get(launch)
+    if gpu is not None:
+        gpu.synchronize()
+        return gpu.one_run_s()
     from ..timing import time_gpu
 
     return time_gpu(launch).median_s
 
 
 def _compare_time(got: object, want: float) -> str:
-    if not isinstance(got, (int, float)) or got <= 0:
+    value, problem = _number_problem("the time", got)
+    if problem or value <= 0:
         return f"return the time of one run in seconds; got {got!r}"
-    ratio = got / want
+    ratio = value / want
     if 0.8 <= ratio <= 1.25:
         return ""
     if 700 <= ratio <= 1400:
-        return (f"returned {got:g}, about 1000× the kernel's {want:g} s: milliseconds? "
+        return (f"returned {value:g}, about 1000× the kernel's {want:g} s: milliseconds? "
                 "Return seconds")
     if ratio < 0.1:
         why = ("far too fast: the clock stopped before the kernel finished "
@@ -221,7 +317,7 @@ def _compare_time(got: object, want: float) -> str:
                "(warm up first; take the median, not the mean)")
     else:
         why = "too fast"
-    return f"measured {got * 1e3:.3f} ms per run, the kernel takes {want * 1e3:.3f} ms: {why}"
+    return f"measured {value * 1e3:.3f} ms per run, the kernel takes {want * 1e3:.3f} ms: {why}"
 
 
 register(Problem(
@@ -231,8 +327,8 @@ register(Problem(
     make_inputs=_timer_inputs,
     reference=_true_time,
     cost=_free,
-    cpu_cases=[Case({"kernel_us": 2000}, None, note="simulated GPU")],
-    gpu_cases=[Case({"n": 4096}, torch.float16)],
+    cpu_cases=[Case({"kernel": k}, None, note="simulated GPU, time not shown") for k in (1, 2, 3)],
+    gpu_cases=[Case({"n": 4096}, torch.float16), Case({"n": 8192}, torch.float16)],
     kernel=None,
     timed=False,
     compare=_compare_time,
