@@ -199,3 +199,29 @@ def matmul_accumulating_in_fp16(a, b):
     grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
     _matmul_fp16_acc[grid](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK=32)
     return c
+
+
+# matmul/naive
+
+@triton.jit
+def _rows_fp16_acc(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float16)  # should be float32
+    for k in range(0, K):
+        a = tl.load(a_ptr + row * sam + k * sak)
+        b = tl.load(b_ptr + k * sbk + cols * sbn, mask=mask, other=0.0)
+        acc += (a * b).to(tl.float16)
+    tl.store(c_ptr + row * scm + cols * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def matmul_rows_accumulating_in_fp16(a, b):
+    """The naive matmul with an fp16 running sum: right for short K, wrong for long K."""
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    _rows_fp16_acc[(M, triton.cdiv(N, 64))](a, b, c, M, N, K, *a.stride(), *b.stride(),
+                                            *c.stride(), BLOCK_N=64)
+    return c

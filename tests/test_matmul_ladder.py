@@ -308,3 +308,25 @@ def test_every_traced_dtype_must_fit_and_short_k_is_named():
         a, b, block_m=128, block_n=128, block_k=16, num_warps=8))
     assert len(short_k.causes) == 1 and "BLOCK_K = 16" in short_k.causes[0]
     assert "and 2 more" in short_k.causes[0]  # one finding, three cases
+
+
+# --- the accumulator type, whatever the seed -------------------------------------------------
+
+@pytest.mark.cpu("the CPU's long-K case")
+def test_accumulating_in_fp16_fails_and_fp32_passes_for_every_seed():
+    import dataclasses
+
+    import broken_kernels as bk
+
+    from rooflab.autograder import get_problem
+
+    naive = get_problem("matmul/naive")
+    long_k = dataclasses.replace(naive, cpu_cases=[c for c in naive.cpu_cases
+                                                   if c.note == "long K"])
+    assert len(long_k.cpu_cases) == 1
+    for seed in range(20):
+        wrong = check(long_k, bk.matmul_rows_accumulating_in_fp16, show=False,
+                      raise_on_failure=False, seed=seed)
+        assert not wrong.passed and "relative error" in wrong.causes[0], seed
+        right = check(long_k, mm.matmul_rows, show=False, raise_on_failure=False, seed=seed)
+        assert right.passed, (seed, right.message())
