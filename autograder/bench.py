@@ -34,6 +34,9 @@ class Row:
     ratio_to_baseline: float | None = None  # baseline time / this time (>1: faster)
     # The same ratio against every library kernel of the workload, by name.
     ratios: dict[str, float] = field(default_factory=dict)
+    method: str = ""  # how it was timed: "do_bench" or "cuda graph"
+    # A ceiling this row raised, or why its fraction is above 100% (roofline.fraction_note).
+    note: str = ""
 
 
 @dataclass
@@ -222,23 +225,52 @@ def _measure(name: str, label: str, load: Workload, inputs: tuple,
     """Check, time (median, L2 flushed), check again on the timed inputs."""
     _check(label, load, inputs, "before timing")
     kernel = load.kernels[label]
-    seconds = time_gpu(lambda: kernel(*inputs)).median_s
+    timing = time_gpu(lambda: kernel(*inputs))
+    seconds = timing.median_s
     _check(label, load, inputs, "after timing")
-    if floor.bound == "compute":
-        throughput, unit = load.cost.flops / seconds / 1e12, "TFLOP/s"
-    else:
-        throughput, unit = load.cost.bytes / seconds / 1e9, "GB/s"
+    throughput, unit = _throughput(load.cost, seconds, floor)
     return Row(name, load.shape, str(load.dtype).removeprefix("torch."), label,
-               seconds * 1e6, throughput, unit, floor.seconds / seconds, floor.bound)
+               seconds * 1e6, throughput, unit, floor.seconds / seconds, floor.bound,
+               method=timing.method)
+
+
+def _throughput(cost: Cost, seconds: float, floor: roofline.Floor) -> tuple[float, str]:
+    """TFLOP/s for a compute-bound workload, GB/s for a memory-bound one."""
+    if floor.bound == "compute":
+        return cost.flops / seconds / 1e12, "TFLOP/s"
+    return cost.bytes / seconds / 1e9, "GB/s"
+
+
+@dataclass
+class _Timed:
+    """A row with what it needs to be placed on the roofline again once ceilings move."""
+
+    row: Row
+    cost: Cost
+    raised: list[roofline.Raise]
+
+
+def _settle(timed: list[_Timed], ceilings: roofline.Ceilings, l2_bytes: int) -> None:
+    """Place every row against the ceilings as they are after the whole run: a row that
+    raised a ceiling lowers the fraction of every other row on it, earlier rows included."""
+    for entry in timed:
+        row, seconds = entry.row, entry.row.median_us * 1e-6
+        floor = roofline.time_floor(entry.cost, ceilings)
+        row.roofline_fraction, row.bound = floor.seconds / seconds, floor.bound
+        row.throughput, row.unit = _throughput(entry.cost, seconds, floor)
+        row.note = roofline.fraction_note(row.roofline_fraction, entry.cost, seconds, ceilings,
+                                          raised=entry.raised, l2_bytes=l2_bytes,
+                                          method=row.method)
 
 
 def run(name: str) -> list[Row]:
     """Run one benchmark on this GPU. Raises RuntimeError without a GPU."""
-    if not current().can_measure:
+    device = current()
+    if not device.can_measure:
         raise RuntimeError("benchmarks need a GPU: on a CPU there is no time worth reporting")
     ceilings = roofline.ceilings()
-    rows = []
-    for load in BENCHES[name](current().torch_device):
+    timed: list[_Timed] = []
+    for load in BENCHES[name](device.torch_device):
         inputs = load.make()  # fresh random inputs for every workload, never zeros
         floor = roofline.time_floor(load.cost, ceilings)
         measured = {}
@@ -257,21 +289,33 @@ def run(name: str) -> list[Row]:
                 row.ratio_to_baseline = first.median_us / row.median_us
             row.ratios = {base: measured[base].median_us / row.median_us
                           for base in load.baselines if base in measured}
-        rows += measured.values()
+            # Every row was checked before and after timing: its rate is real, and one
+            # beyond a ceiling raises it (the library's rows above all).
+            raised = roofline.observe(load.cost, row.median_us * 1e-6,
+                                      f"{row.kernel} at {load.shape} {row.dtype}", ceilings,
+                                      device)
+            timed.append(_Timed(row, load.cost, raised))
         del inputs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return rows
+    _settle(timed, ceilings, device.l2_bytes)
+    return [entry.row for entry in timed]
 
 
 def table(rows: list[Row]) -> str:
+    """The rows as text; a row with a note gets a mark after its fraction, and the notes
+    follow the table."""
     lines = [f"{'shape':<18}{'dtype':<10}{'kernel':<36}{'median µs':>11}{'throughput':>16}"
-             f"{'roofline':>10}{'vs base':>9}"]
+             f"{'roofline':>10}{'':<5}{'vs base':>8}"]
+    notes = []
     for r in rows:
+        if r.note:
+            notes.append(f"[{len(notes) + 1}] {r.kernel} at {r.shape} {r.dtype}: {r.note}")
+        mark = f" [{len(notes)}]" if r.note else ""
         lines.append(f"{r.shape:<18}{r.dtype:<10}{r.kernel:<36}{r.median_us:>11.1f}"
-                     f"{r.throughput:>9.1f} {r.unit:<7}{r.roofline_fraction:>9.0%}"
-                     + (f"{r.ratio_to_baseline:>8.2f}×" if r.ratio_to_baseline else f"{'-':>9}"))
-    return "\n".join(lines)
+                     f"{r.throughput:>9.1f} {r.unit:<7}{r.roofline_fraction:>9.0%}{mark:<5}"
+                     + (f"{r.ratio_to_baseline:>7.2f}×" if r.ratio_to_baseline else f"{'-':>8}"))
+    return "\n".join(lines + notes)
 
 
 def record(rows: list[Row]) -> dict:

@@ -4,7 +4,8 @@
     rooflab list                         the problems and their signatures
     rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error,
                                          3 needs a GPU: CUDA C compiled but not run)
-    rooflab roofline [--remeasure]       this device's ceilings beside its datasheet
+    rooflab roofline [--remeasure]       this device's ceilings beside its datasheet, and when
+                                         and how they were measured
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
     rooflab bench matmul|coalescing|softmax|attention
                                          kernels against the library, timed (GPU only)
@@ -19,6 +20,7 @@ import importlib.util
 import json
 import re
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -121,11 +123,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _print_ceilings(rows: list[roofline.Ceilings]) -> None:
     dtypes = ["fp32", "tf32", "fp16", "bf16"]
-    print(f"{'':<34}{'GB/s':>8}" + "".join(f"{d + ' TFLOP/s':>14}" for d in dtypes))
+    width = max(34, *(len(c.label) + 2 for c in rows))
+    print(f"{'':<{width}}{'GB/s':>8}" + "".join(f"{d + ' TFLOP/s':>14}" for d in dtypes))
     for c in rows:
         peaks = "".join(f"{c.flops[d] / 1e12:>14.1f}" if d in c.flops else f"{'-':>14}"
                         for d in dtypes)
-        print(f"{c.label:<34}{c.bandwidth / 1e9:>8.0f}{peaks}")
+        print(f"{c.label:<{width}}{c.bandwidth / 1e9:>8.0f}{peaks}")
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
@@ -133,20 +136,24 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     if args.card is not None and args.card not in datasheet.CARDS:
         raise UsageError(f"unknown card {args.card!r}; known: {', '.join(datasheet.CARDS)}")
     print(dev.mode)
+    how: list[str] = []
     if dev.is_gpu:
         measured = roofline.ceilings(remeasure=args.remeasure)
         beside = roofline.from_datasheet(args.card) if args.card else roofline.datasheet_for(dev)
         _print_ceilings([measured] + ([beside] if beside else []))
         if beside is None:
-            print(f"(no datasheet entry for {dev.name})")
-        print(f"cached in {roofline.cache_path(dev)}")
+            print(f"(no datasheet entry for {dev.name}: every measurement is accepted)")
+        how = roofline.provenance(measured, beside) + [_cache_line(measured, dev)]
+        for line in how:
+            print(textwrap.fill(line, 100, subsequent_indent="    ", break_on_hyphens=False,
+                                break_long_words=False))
     else:
         measured = None
         beside = roofline.from_datasheet(args.card or datasheet.DEFAULT_CARD)
         print(f"Nothing measured: no GPU here. Datasheet of {beside.device}, for reference:")
         _print_ceilings([beside])
     if args.json:
-        _write_json(args.json, dev, measured, beside)
+        _write_json(args.json, dev, measured, beside, how)
     if args.html:
         from .plot import roofline_figure
 
@@ -156,9 +163,17 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def _cache_line(measured: roofline.Ceilings, dev: device.Device) -> str:
+    path = roofline.cache_path(dev)
+    if measured.suspect:
+        return f"not cached (the cache would be {path})"
+    return f"cached in {path}"
+
+
 def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | None,
-                beside: roofline.Ceilings | None) -> None:
-    """The evidence for bench/results/: card, driver, versions, measured and datasheet."""
+                beside: roofline.Ceilings | None, how: list[str]) -> None:
+    """The evidence for bench/results/: card, driver, versions, measured and datasheet, and
+    how the measured figures came to be (method, raises, rejections) in words too."""
     record = {
         "card": dev.name,
         "mode": dev.mode,
@@ -166,6 +181,8 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
         "versions": versions.installed(),
         "measured": asdict(measured) if measured else None,
         "datasheet": asdict(beside) if beside else None,
+        "how_measured": how,
+        "cache": str(roofline.cache_path(dev)) if measured and not measured.suspect else None,
     }
     if measured and beside:
         record["measured_over_datasheet"] = {
@@ -281,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=".", help="the repository (default: here)")
 
     p = commands.add_parser("roofline", help="this device's ceilings (measured on a GPU)")
-    p.add_argument("--remeasure", action="store_true", help="ignore the cache and measure")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure again (10-20 s), replacing the cache unless the measurement "
+                   "is far below the datasheet")
     p.add_argument("--card", default=None,
                    help="datasheet to show (default: this GPU's, or H100 SXM on a CPU); "
                    f"one of: {', '.join(datasheet.CARDS)}")

@@ -479,21 +479,37 @@ def _performance(
                              f"{_describe_exception(error)}")
         return Performance(case, cost, ceilings, floor, not_measured="failed while timed")
     after = attempt.judge(spec, output, [out] if out else [], True, dev)
-    if not after.ok:
+    raised = []
+    if after.ok:  # only a right answer's time says what the card can do
+        mine = f"your kernel for {spec.id} on {case.label}"
+        raised += roofline.observe(cost, timing.median_s, mine, ceilings, info)
+    else:
         result.causes.append(f"correct before timing but wrong after it on {case.label}: "
                              f"{after.summary}")
+    baseline_name, baseline_s = _time_baseline(spec, attempt)
+    if baseline_s is not None:
+        raised += roofline.observe(cost, baseline_s, f"{baseline_name} on {case.label}",
+                                   ceilings, info)
+    # Against the ceilings as they are now: a timing above a ceiling has just raised it.
+    floor = roofline.time_floor(cost, ceilings)
     fraction = roofline.roofline_fraction(floor, timing.median_s)
     perf = Performance(case, cost, ceilings, floor, timing.median_s, timing.method, fraction,
-                       spec.levels.grade(fraction))
+                       spec.levels.grade(fraction), baseline_name=baseline_name,
+                       baseline_seconds=baseline_s, raised=raised, l2_bytes=info.l2_bytes)
     if perf.level == "below target":
         result.causes.append(f"too slow: {fraction:.0%} of roofline, needs "
                              f"{spec.levels.passing:.0%}; {perf.bottleneck}")
-    if spec.baseline is not None:
-        baseline = spec.baseline
-        perf.baseline_name = spec.baseline_name or getattr(baseline, "__name__", "the library")
-        perf.baseline_seconds = time_gpu(lambda: baseline(*attempt.inputs)).median_s
-        ratio = perf.vs_baseline
-        if ratio is not None and ratio < spec.at_least_vs_baseline:
-            result.causes.append(f"too slow against {perf.baseline_name}: {ratio:.2f}× its speed "
-                                 f"on {case.label}, needs {spec.at_least_vs_baseline:g}×")
+    ratio = perf.vs_baseline
+    if ratio is not None and ratio < spec.at_least_vs_baseline:
+        result.causes.append(f"too slow against {perf.baseline_name}: {ratio:.2f}× its speed "
+                             f"on {case.label}, needs {spec.at_least_vs_baseline:g}×")
     return perf
+
+
+def _time_baseline(spec: Problem, attempt: _CaseRun) -> tuple[str, float | None]:
+    """The library call's name and median time on the timed inputs; ("", None) if none."""
+    if spec.baseline is None:
+        return "", None
+    baseline = spec.baseline
+    name = spec.baseline_name or getattr(baseline, "__name__", "the library")
+    return name, time_gpu(lambda: baseline(*attempt.inputs)).median_s

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .compare import Comparison
 from .problem import Case, Cost
-from .roofline import Ceilings, Floor
+from .roofline import Ceilings, Floor, Raise, fraction_note
 from .traffic import Prediction
 
 
@@ -46,6 +46,8 @@ class Performance:
     notes: list[str] = field(default_factory=list)  # how to read a prediction
     baseline_name: str = ""  # the library call timed on the same inputs, if any
     baseline_seconds: float | None = None
+    raised: list[Raise] = field(default_factory=list)  # ceilings this timing raised
+    l2_bytes: int = 0  # the device's L2, to judge whether the data could have come from it
 
     @property
     def vs_baseline(self) -> float | None:
@@ -91,9 +93,17 @@ class Performance:
                 f"roofline [{self.level}], {self.floor.bound}-bound")
         if self.vs_baseline is not None:
             line += f", {self.vs_baseline:.2f}× {self.baseline_name}'s speed"
-        if self.fraction > 1.05:  # faster than the floor: the data came from a cache
-            line += " (faster than the floor: inputs likely served from L2, not memory)"
+        if self.ceiling_note:
+            line += f" ({self.ceiling_note})"
         return line
+
+    @property
+    def ceiling_note(self) -> str:
+        """A ceiling this timing raised, or why the fraction is above 100%; "" if neither."""
+        if self.seconds is None or self.fraction is None:
+            return ""
+        return fraction_note(self.fraction, self.cost, self.seconds, self.ceilings,
+                             raised=self.raised, l2_bytes=self.l2_bytes, method=self.method)
 
 
 @dataclass

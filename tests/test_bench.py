@@ -2,6 +2,7 @@
 library. The GPU logic is tested here with a stand-in device and timer."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,10 +21,17 @@ def test_bench_refuses_to_time_on_a_cpu(capsys):
     assert "benchmarks need a GPU; nothing was timed" in capsys.readouterr().err
 
 
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Never the user's cache: ceilings measured or raised here live in a temporary folder."""
+    monkeypatch.setenv("ROOFLAB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
     gpu = Device(kind="gpu", name="Stand-in H100", torch_device="cpu", driver="0.0")
-    times = {"torch add": 10e-6, "twice as slow": 20e-6}
+    times = {"torch add": 10e-6, "twice as slow": 20e-6}  # the timer's answer, by kernel
 
     def fake_time(fn):
         fn()
@@ -47,7 +55,7 @@ def stand_in_gpu(monkeypatch):
     monkeypatch.setattr(bench, "_measure", measure)
     monkeypatch.setattr(bench.roofline, "ceilings", lambda: roofline.from_datasheet("H100 SXM"))
     monkeypatch.setitem(bench.BENCHES, "coalescing", workloads)
-    return gpu
+    return SimpleNamespace(gpu=gpu, times=times)
 
 
 def test_rows_carry_time_throughput_fraction_and_ratio(stand_in_gpu):
@@ -113,6 +121,8 @@ def test_coalescing_benchmark_on_a_gpu(tmp_path, capsys):
     rows = json.loads(written.read_text())["rows"]
     assert {r["kernel"] for r in rows} >= {"rooflab vector_add", "rooflab transpose (tiles)"}
     assert all(0 < r["roofline_fraction"] < 1.5 for r in rows)
+    # A fraction above 100% always comes with its cause.
+    assert all(r["note"] for r in rows if r["roofline_fraction"] > 1.05)
 
 
 def test_attention_workloads_count_causal_work_once_and_check_gradients():
@@ -137,3 +147,63 @@ def test_forward_and_backward_returns_the_gradients():
     reference = bench._forward_and_backward(attention_reference, True)(q, k, v, do)
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
     assert ours.numel() == 3 * q.numel()
+
+
+# --- ceilings: the library's rows raise a ceiling they beat ----------------------------------
+
+H100 = Device(kind="gpu", name="NVIDIA H100 80GB HBM3", torch_device="cpu", driver="0.0",
+              l2_bytes=50 << 20)
+ADD_BYTES = 3 * 4 << 26  # torch add of 2**26 fp32: 805 MB, 16× the L2
+
+
+@pytest.fixture
+def measured_h100(stand_in_gpu, monkeypatch):
+    """The stand-in as an H100 whose cached copy bandwidth, 3.0 TB/s, is below what its
+    torch add reaches (805 MB in 0.25 ms: 3.22 TB/s)."""
+    ceilings = roofline.Ceilings(H100.name, "measured", 3.0e12, {"fp32": 51e12},
+                                 driver="0.0", measured_at="2026-11-26T14:02:00+00:00")
+    roofline.save(ceilings, H100)
+
+    def loads(device):
+        x, y = torch.randn(1000), torch.randn(1000)
+        return [bench.Workload("n=67108864", torch.float32, Cost(1 << 26, ADD_BYTES),
+                               lambda: (x, y),
+                               {"torch add": torch.add, "twice as slow": torch.add}, torch.add)]
+
+    stand_in_gpu.times.update({"torch add": ADD_BYTES / 3.22e12, "twice as slow":
+                               2 * ADD_BYTES / 3.22e12})
+    monkeypatch.setattr(bench, "current", lambda: H100)
+    monkeypatch.setattr(bench.roofline, "ceilings", lambda: ceilings)
+    monkeypatch.setitem(bench.BENCHES, "coalescing", loads)
+    return ceilings
+
+
+def test_a_library_row_beating_the_cached_ceiling_raises_it_for_every_row(measured_h100):
+    base, slow = bench.run("coalescing")
+    cached = roofline.load_cached(H100)
+    assert cached.bandwidth == pytest.approx(3.22e12)
+    assert cached.raised[0].workload == "torch add at n=67108864 float32"
+    # Both rows against the raised ceiling: 100% and 50%, not 107% and 54%.
+    assert (base.roofline_fraction, slow.roofline_fraction) == pytest.approx((1.0, 0.5))
+    assert "was below what this card reaches: torch add at n=67108864 float32 reached " \
+        "3.22 TB/s, 107% of it, so it was raised and cached" in base.note
+    assert slow.note == ""
+
+
+def test_the_table_and_the_json_carry_the_note(measured_h100):
+    rows = bench.run("coalescing")
+    text = bench.table(rows)
+    head, base_line, slow_line, *notes = text.splitlines()
+    assert "100% [1]" in base_line and "[" not in slow_line
+    assert notes == [f"[1] torch add at n=67108864 float32: {rows[0].note}"]
+    record = json.loads(json.dumps(bench.record(rows)))
+    assert record["rows"][0]["note"] == rows[0].note
+    assert record["ceilings"]["bandwidth"] == pytest.approx(3.22e12)
+
+
+def test_a_row_above_100_percent_that_raised_nothing_says_why(stand_in_gpu):
+    # Datasheet ceilings are never raised, and 12 kB at 6 TB/s is beyond any DRAM.
+    stand_in_gpu.times["torch add"] = 2e-9  # 6 TB/s
+    base, _ = bench.run("coalescing")
+    assert base.roofline_fraction > 1.05
+    assert "is above the floor" in base.note and "L2" in base.note

@@ -147,3 +147,71 @@ def test_trace_prints_the_traffic_report_and_a_labelled_prediction(capsys):
     assert "out_ptr: 49,152 B in 12,288 sectors, 12.5% used" in out
     assert "predicted for H100 SXM, datasheet (not measured)" in out
     assert "uncoalesced" in out
+
+
+# --- `rooflab roofline` on a GPU: when and how the figures were measured (stand-in GPU) -------
+
+
+@pytest.fixture
+def stand_in_h200(monkeypatch, tmp_path):
+    """`rooflab roofline` on a stand-in H200 with ceilings cached in a temporary folder,
+    measured 2026-11-26 and raised since by a library matmul."""
+    from rooflab.autograder import device, roofline
+    from rooflab.autograder.device import Device
+    from rooflab.autograder.problem import Cost
+
+    gpu = Device(kind="gpu", name="NVIDIA H200", torch_device="cpu", driver="13.0",
+                 l2_bytes=60 << 20)
+    monkeypatch.setenv("ROOFLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(device, "current", lambda: gpu)
+    monkeypatch.setattr(roofline, "current", lambda: gpu)
+    copy = roofline.Measurement("device-to-device copy", 3,
+                                {"512 MiB": 4.2e12, "1 GiB": 4.25e12, "2 GiB": 4.24e12}, "1 GiB")
+    matmul = roofline.Measurement("torch.matmul", 3,
+                                  {"4096³": 690e12, "6144³": 681e12, "8192³": 672e12}, "4096³")
+    cached = roofline.Ceilings(gpu.name, "measured", 4.25e12, {"bf16": 690e12}, driver="13.0",
+                               measured_at="2026-11-26T14:02:00+00:00",
+                               method={"bandwidth": copy, "bf16": matmul}, warmup_s=1.0,
+                               measuring_s=11.8)
+    cost = Cost(2 * 4096**3, 3 * 4096**2 * 2, "bf16")
+    roofline.save(cached, gpu)
+    roofline.observe(cost, cost.flops / 714e12, "torch.matmul at 4096x4096x4096 bfloat16",
+                     cached, gpu)
+    return gpu
+
+
+def test_roofline_on_a_gpu_says_when_and_how_it_measured(capsys, tmp_path, stand_in_h200):
+    import json
+
+    code, out = run(capsys, "roofline", "--json", f"{tmp_path}/")
+    assert code == EXIT_PASS
+    flat = " ".join(out.split())  # the lines are wrapped for a terminal
+    assert "measured 2026-11-26 14:02 UTC, driver 13.0, in 11.8 s" in flat
+    assert "after 1 s of matmuls to warm the card up" in flat
+    assert "every shape below timed 3 times" in flat and "best median" in flat
+    assert "device-to-device copy: 512 MiB 4.2, 1 GiB 4.25, 2 GiB 4.24; best at 1 GiB" in flat
+    assert "(72% of the datasheet)" in flat  # bf16, 714 of 989 TFLOP/s
+    assert "from 690 TFLOP/s by torch.matmul at 4096x4096x4096 bfloat16" in flat
+    assert "cached in" in flat and str(tmp_path / "cache") in flat
+    (written,) = tmp_path.glob("*.json")
+    record = json.loads(written.read_text())
+    assert record["measured"]["method"]["bf16"]["chosen"] == "4096³"
+    assert record["measured"]["raised"][0]["workload"].startswith("torch.matmul at 4096")
+    assert " ".join(" ".join(line.split()) for line in record["how_measured"]) in flat
+    assert record["cache"].startswith(str(tmp_path / "cache"))
+
+
+def test_roofline_remeasure_on_a_busy_card_says_it_rejected_it(capsys, monkeypatch,
+                                                               stand_in_h200):
+    from rooflab.autograder import roofline
+
+    busy = roofline.Ceilings("NVIDIA H200", "measured", 1.2e12, {"bf16": 700e12},
+                             measured_at="2026-11-28T10:00:00+00:00")
+    monkeypatch.setattr(roofline, "measure", lambda device=None: busy)
+    code, out = run(capsys, "roofline", "--remeasure")
+    flat = " ".join(out.split())
+    assert code == EXIT_PASS
+    assert "measured 1.2 TB/s copy bandwidth, 25% of the H200 datasheet's 4.8 TB/s: is " \
+        "another process using the GPU" in flat
+    assert "rejected 2026-11-28 10:00 UTC: measured 1.2 TB/s copy bandwidth" in flat
+    assert "measured 2026-11-26 14:02 UTC" in flat  # the good figures stay in use

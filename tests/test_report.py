@@ -201,3 +201,68 @@ def test_report_figure_only_when_measured():
     figure = report._roofline_figure(passing(GPU_MODE, measured_performance()))
     assert figure is not None
     assert sum(t.mode != "lines" for t in figure.data) == 1
+
+
+# --- a fraction above 100% carries its cause ---------------------------------------------------
+
+H200 = "NVIDIA H200"
+
+
+def measured_h200(bandwidth=4.25e12, bf16=714e12, suspect=""):
+    return roofline.Ceilings(H200, "measured", bandwidth, {"fp32": 51.3e12, "bf16": bf16},
+                             measured_at="2026-11-26T14:02:00+00:00", suspect=suspect)
+
+
+def timed(cost, ceil, seconds, method="do_bench", raised=(), l2_bytes=60 << 20):
+    floor = roofline.time_floor(cost, ceil)
+    fraction = roofline.roofline_fraction(floor, seconds)
+    return Performance(CASES[1], cost, ceil, floor, seconds, method, fraction, "excellent",
+                       raised=list(raised), l2_bytes=l2_bytes)
+
+
+def test_above_100_percent_from_a_small_working_set_says_l2_and_the_cuda_graph():
+    cost = Cost(0, 24e6)  # 24 MB: fits in a 60 MiB L2
+    perf = timed(cost, measured_h200(), cost.bytes / 4.6e12, method="cuda graph")
+    line = passing(GPU_MODE, perf).line
+    assert "108% of roofline" in line
+    assert "its 24 MB of compulsory traffic is under 8× the 60 MiB L2" in line
+    assert "timed by replaying a CUDA graph, which does not flush L2" in line
+    assert "datasheet" not in line  # 4.6 TB/s: DRAM could have done it, L2 is the evidence
+    beyond = timed(cost, measured_h200(), cost.bytes / 9e12)
+    assert "(9 TB/s: more than the datasheet's 4.8 TB/s from DRAM)" in beyond.line
+
+
+def test_above_100_percent_and_above_the_datasheet_blames_the_cost_model_not_l2():
+    cost = Cost(2 * 4096**3, 3 * 4096**2 * 2, "bf16")
+    perf = timed(cost, measured_h200(), cost.flops / 1100e12)  # faster than 989 TFLOP/s
+    line = perf.line
+    assert "1100 TFLOP/s is above the datasheet's 989 TFLOP/s" in line
+    assert "the cost model counts more FLOPs than this kernel computes" in line
+    assert "L2, not memory" not in line  # the old blanket guess
+
+
+def test_above_100_percent_on_suspect_ceilings_says_the_card_was_busy():
+    cost = Cost(0, 4e9)
+    suspect = "measured 1.2 TB/s copy bandwidth, 25% of the H200 datasheet's 4.8 TB/s"
+    perf = timed(cost, measured_h200(bandwidth=1.2e12, suspect=suspect), cost.bytes / 3.5e12)
+    assert "measured on a busy card (measured 1.2 TB/s" in perf.line
+    assert "rooflab roofline --remeasure" in perf.line
+    assert "measured on a busy card (suspect)" in perf.bottleneck
+
+
+def test_a_fraction_against_a_just_raised_ceiling_says_so():
+    cost = Cost(2 * 4096**3, 3 * 4096**2 * 2, "bf16")
+    ceil = measured_h200(bf16=714e12)
+    raised = roofline.Raise("bf16", 672e12, 714e12, "torch.matmul on m=4096", "2026-11-27")
+    perf = timed(cost, ceil, cost.flops / 714e12, raised=[raised])
+    assert "100% of roofline" in perf.line
+    assert ("the bf16 matmul ceiling measured 2026-11-26 14:02 UTC, 672 TFLOP/s, was below "
+            "what this card reaches: torch.matmul on m=4096 reached 714 TFLOP/s, 106% of it, "
+            "so it was raised and cached; the fraction is against the raised ceiling") in perf.line
+    assert perf.line in report.html(passing(GPU_MODE, perf))
+
+
+def test_an_ordinary_fraction_has_no_note():
+    cost = Cost(2 * 4096**3, 3 * 4096**2 * 2, "bf16")
+    perf = timed(cost, measured_h200(), cost.flops / 600e12)
+    assert perf.ceiling_note == "" and perf.line.endswith("compute-bound")
