@@ -19,12 +19,15 @@ from pathlib import Path
 
 import torch
 
-from . import cuda, guard, matrix_units, poison, problem, roofline, traffic, versions
+from . import cuda, guard, matrix_units, poison, problem, replay, roofline, traffic, versions
 from . import device as device_layer
 from .compare import Comparison
 from .problem import Case, Problem, dtype_name
 from .recording import Recording, recorder
 from .result import CaseResult, CheckResult, Performance
+from .time_limit import ENV as TIME_LIMIT_ENV
+from .time_limit import TimeLimitExceeded, limited
+from .time_limit import default_s as default_time_limit
 from .timing import time_gpu
 from .trace import tracing
 
@@ -89,20 +92,42 @@ def _learner_frame(error: BaseException) -> str:
     """" (at file:line)" for the innermost frame in the learner's code, if any."""
     frames = traceback.extract_tb(error.__traceback__)
     for frame in reversed(frames):
-        if not any(frame.filename.startswith(folder) for folder in _NOT_LEARNER):
+        if _is_learners(frame.filename):
             return f" (at {Path(frame.filename).name}:{frame.lineno}, `{frame.line}`)"
     return ""
 
 
+STUB_LINE = "raise NotImplementedError()"  # what `rooflab build` puts in a stub
+
+
 def _is_stub(error: BaseException) -> bool:
-    """A learner's ``raise NotImplementedError()`` stub, raised directly, from inside an
-    interpreted kernel (wrapped in InterpreterError), or met by the GPU compiler."""
+    """The stub's own ``raise NotImplementedError()``, and nothing else: raised directly
+    from the learner's code, from inside an interpreted kernel (wrapped in the
+    interpreter's error), or quoted by the GPU compiler meeting it in a kernel. Any other
+    error that mentions NotImplementedError (Triton's, torch's) is a real error."""
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, NotImplementedError) or "NotImplementedError" in str(seen):
+        if isinstance(seen, NotImplementedError) and not str(seen):
+            frames = traceback.extract_tb(seen.__traceback__)
+            if frames and _is_learners(frames[-1].filename) and \
+                    (frames[-1].line or "").strip() in (STUB_LINE, STUB_LINE[:-2]):
+                return True
+        if "CompilationError" in type(seen).__name__ and _compiler_points_at_stub(str(seen)):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _compiler_points_at_stub(message: str) -> bool:
+    """Triton's compile errors quote the kernel's source down to the failing line, then a
+    line with a caret under it: is that line the stub's raise?"""
+    lines = message.splitlines()
+    return any(line.strip() == "^" and lines[i - 1].strip() == STUB_LINE
+               for i, line in enumerate(lines) if i)
+
+
+def _is_learners(filename: str) -> bool:
+    return not any(filename.startswith(folder) for folder in _NOT_LEARNER)
 
 
 def _describe_exception(error: BaseException) -> str:
@@ -200,6 +225,7 @@ def check(
     show: bool = True,
     raise_on_failure: bool = True,
     target: str | None = None,
+    time_limit: float | None = None,
 ) -> CheckResult:
     """Grade ``candidate`` on the problem ``problem_id`` ("<lab>/<exercise>").
 
@@ -211,6 +237,9 @@ def check(
     a race fails the case, and the largest case's memory traffic predicts where the
     kernel would land on ``target`` (a card from the datasheet table, or a ceilings JSON
     measured on a GPU; default $ROOFLAB_TARGET or the H100 SXM datasheet).
+
+    Each case may run for ``time_limit`` seconds (default $ROOFLAB_TIME_LIMIT, else 120):
+    an endless loop fails the check, naming the case, instead of hanging it.
 
     Shows the result (HTML in Jupyter, one line elsewhere) and returns a CheckResult.
     Raises AssertionError, with the cause in the message, if the candidate fails.
@@ -226,6 +255,8 @@ def check(
     on_gpu = info.can_measure
     traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
     tile_findings: dict[str, list[str]] = {}  # tensor-core and fit rules -> the cases
+    replayed = False  # one passing case is run again on new inputs (replay.py)
+    limit = default_time_limit() if time_limit is None else time_limit
     if spec.kernel == "cupy" and (not on_gpu or cuda.cupy_missing() or _stubbed(candidate)):
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
 
@@ -238,11 +269,17 @@ def check(
         out = run.output_buffer(case)
         tracer = None
         try:
-            with recorder(recording), warnings.catch_warnings(), _maybe_tracing() as tracer:
+            with limited(limit), recorder(recording), warnings.catch_warnings(), \
+                    _maybe_tracing() as tracer:
                 # numpy's overflow warnings from inside the interpreter: the comparison
                 # reports what matters (inf where the answer is finite) more clearly.
                 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
                 output = run(attempt.inputs, out)
+        except TimeLimitExceeded as late:  # every later case would most likely hang too
+            result.cases.append(CaseResult(case, error=(
+                f"{late}: an endless loop, or a wait that never ends? (set the limit with "
+                f"check(..., time_limit=seconds) or ${TIME_LIMIT_ENV})")))
+            break
         except Exception as error:  # the candidate's bug, reported as the case's failure
             if _is_stub(error):
                 result.not_implemented = True
@@ -251,6 +288,7 @@ def check(
             continue
         finally:
             allocations, recording.allocations = recording.allocations, []
+            steps, recording.steps = recording.steps, []
         if out is not None:
             allocations.append(out)
         launches = tracer.launches if tracer else []
@@ -266,6 +304,10 @@ def check(
         if launches and judged.ok:
             for finding in _tile_findings(spec, case, launches):
                 tile_findings.setdefault(finding, []).append(case.label)
+        if judged.ok and not replayed and _replayable(spec, output, recording):
+            replayed = True  # last: it overwrites this case's inputs and outputs
+            judged.error = _replay(spec, attempt, output, steps, allocations, on_gpu, dev,
+                                   seed + 7919 * (index + 1), limit)
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
@@ -359,14 +401,16 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
         causes.append(f"wrong on {worst.case.label}: {worst.summary}")
         if len(failing) > 1:
             causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
+    launched = {"triton": result.triton_launches, "cupy": result.cuda_launches}.get(
+        spec.kernel or "", {})
+    kind = "CUDA C kernel (cuda.CudaKernel)" if spec.kernel == "cupy" else "Triton kernel"
     if spec.kernel and result.library_calls:
         ops = ", ".join(f"aten.{op}" for op in result.library_calls)
-        causes.append(f"calls the library ({ops}) instead of launching its own kernel; "
-                      "this exercise asks for a kernel you write")
-    elif spec.kernel == "triton" and not result.triton_launches and not failing:
-        causes.append("launched no Triton kernel; this exercise asks for one")
-    elif spec.kernel == "cupy" and not result.cuda_launches and not failing:
-        causes.append("launched no CUDA C kernel (cuda.CudaKernel); this exercise asks for one")
+        also = "" if launched else f", and launched no {kind}"
+        causes.append(f"calls the library ({ops}){also}: the work of this exercise is the "
+                      "kernel's, and its host code may only allocate, view, fill and copy")
+    elif spec.kernel and not launched and not failing:
+        causes.append(f"launched no {kind}; this exercise asks for one")
     return causes
 
 
@@ -389,6 +433,38 @@ def _memory_violations(launches: list) -> str:
         if races:
             return f"race in {launch.kernel}: {races[0]}"
     return ""
+
+
+def _replayable(spec: Problem, output: object, recording: Recording) -> bool:
+    """Kernel exercises whose answer is the tensor the kernels wrote, where the candidate
+    launched kernels and called no library op (that is reported already). A backward's
+    answer is assembled by autograd: there the op allowlist does the work."""
+    return (bool(spec.kernel) and spec.invoke is None and isinstance(output, torch.Tensor)
+            and bool(recording.triton_launches or recording.cuda_launches)
+            and not recording.library_calls(spec.library_ops))
+
+
+def _replay(spec: Problem, attempt: _CaseRun, output: torch.Tensor, steps: list,
+            allocations: list[guard.Guarded], on_gpu: bool, dev: torch.device, seed: int,
+            limit: float) -> str:
+    """Run the case's recorded steps again on new inputs (see replay.py): "" if the output
+    follows, else why the answer cannot have come from the kernels."""
+    fresh = _CaseRun(spec, attempt.case, torch.Generator(device=dev).manual_seed(seed), dev)
+    try:
+        with limited(limit), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
+            replay.refill_inputs(attempt.inputs, fresh.originals)
+            replay.run_again(steps, allocations)
+    except TimeLimitExceeded as late:
+        return f"its launches, run again on new inputs, {late}"
+    except Exception as error:
+        return f"its launches, run again on new inputs, {_describe_exception(error)}"
+    again = fresh.judge(spec, output, [], on_gpu, dev)
+    if again.ok:
+        return ""
+    return (f"right, but not computed by its kernels: run again on new inputs, the same "
+            f"launches are wrong ({again.summary}). The answer came from elsewhere (torch, "
+            "numpy, another thread), and the exercise asks for a kernel that computes it")
 
 
 def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,

@@ -1,19 +1,27 @@
-"""Watch a candidate run: which torch ops it called, which Triton kernels it launched.
+"""Watch a candidate run: which torch ops it called, which kernels it launched, and in
+what order everything that wrote values happened.
 
-Two things happen while a candidate runs inside ``Recorder``:
+Three things happen while a candidate runs inside ``recorder()``:
 
 * every tensor it allocates with ``torch.empty`` (and friends) is filled with poison
   (``poison.py``), so elements it forgets to write cannot hold the right answer by luck,
   and sits between poisoned margins (``guard.py``), so writes past its end are seen;
-* the aten ops it dispatches and the Triton kernels it launches are counted, so that a
-  "kernel" that just calls ``torch.mm`` is reported as doing so.
+* the aten ops it dispatches and the Triton and CUDA C kernels it launches are counted.
+  The rule is positive: host code may allocate, view, fill, copy and cast
+  (``TRIVIAL_OPS``); any other op does work the exercise asks a kernel to do, and is
+  reported as a library call;
+* every launch, and every trivial op that writes values, is logged in order, so that
+  ``replay.py`` can run the same sequence again on new inputs: an answer that did not
+  come from those steps (numpy, another thread, an op hidden from the recorder) does not
+  follow the new inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -21,19 +29,45 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import guard, poison
 
 _ALLOCATING = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+# Ops that create a tensor holding values (a constant, a copy, a cast of another).
+_CREATING = {"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
+             "new_ones", "new_full", "scalar_tensor", "clone", "_to_copy", "to",
+             "lift_fresh_copy"}
+# Ops that write values into an existing tensor.
+_FILLING = {"fill_", "zero_", "copy_"}
+_VIEWING = {"view", "_unsafe_view", "reshape", "as_strided", "t", "transpose", "permute",
+            "expand", "expand_as", "slice", "select", "unsqueeze", "squeeze", "unbind",
+            "split", "split_with_sizes", "chunk", "narrow", "detach", "alias", "lift_fresh",
+            "view_as", "flatten", "unflatten", "movedim", "diagonal", "_reshape_alias",
+            "resolve_conj", "resolve_neg", "_has_compatible_shallow_copy_type"}
+# What host code around a kernel may do without doing the exercise's work. A problem can
+# still forbid some of these (the transpose forbids copies: a copy *is* its work).
+TRIVIAL_OPS = frozenset(_ALLOCATING | _CREATING | _FILLING | _VIEWING)
+
+
+@dataclass
+class Step:
+    """One thing that wrote values, to be done again on new inputs: a kernel launch, or a
+    trivial aten op (``out`` is the tensor it created, None when it wrote in place)."""
+
+    again: Callable[[], object]
+    out: torch.Tensor | None = None
+    what: str = ""
 
 
 class _AtenRecorder(TorchDispatchMode):
-    def __init__(self, allocations: list[guard.Guarded]) -> None:
+    def __init__(self, recording: Recording) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
-        self.allocations = allocations
+        self.recording = recording
         self.launch_depth = 0  # >0 while a Triton launch runs: its own copies are not the
         # candidate's (the interpreter moves arguments with copy_ and set_)
+        self.paused = 0  # >0 while the grader itself works inside the candidate's call
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        out = func(*args, **(kwargs or {}))
-        if self.launch_depth:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.launch_depth or self.paused:
             return out
         name = func.overloadpacket.__name__
         self.ops[name] += 1
@@ -42,8 +76,13 @@ class _AtenRecorder(TorchDispatchMode):
             shape = tuple(out.shape)
             guarded = guard.empty(shape, out.dtype, out.device, tuple(out.stride()),
                                   name=f"a tensor it allocated, shape {shape}")
-            self.allocations.append(guarded)
+            self.recording.allocations.append(guarded)
             return guarded.view
+        if name in _CREATING and isinstance(out, torch.Tensor):
+            self.recording.steps.append(Step(lambda: out.copy_(func(*args, **kwargs)), out,
+                                             name))
+        elif name in _FILLING:
+            self.recording.steps.append(Step(lambda: func(*args, **kwargs), None, name))
         return out
 
 
@@ -62,26 +101,54 @@ def _launch_classes() -> list[type]:
     return classes
 
 
+@dataclass
 class Recording:
-    """What a candidate did: aten op counts, Triton and CUDA C kernel launch counts."""
+    """What a candidate did: aten op counts, kernel launch counts, fresh allocations, and
+    the ordered steps that wrote values."""
 
-    def __init__(self) -> None:
-        self.aten_ops: Counter[str] = Counter()
-        self.triton_launches: Counter[str] = Counter()
-        self.cuda_launches: Counter[str] = Counter()
-        self.allocations: list[guard.Guarded] = []  # fresh tensors, inside guard bands
+    aten_ops: Counter[str] = field(default_factory=Counter)
+    triton_launches: Counter[str] = field(default_factory=Counter)
+    cuda_launches: Counter[str] = field(default_factory=Counter)
+    allocations: list[guard.Guarded] = field(default_factory=list)  # inside guard bands
+    steps: list[Step] = field(default_factory=list)
 
-    def library_calls(self, library_ops: frozenset[str]) -> list[str]:
-        return sorted(op for op in self.aten_ops if op in library_ops)
+    def library_calls(self, forbidden: frozenset[str] = frozenset()) -> list[str]:
+        """The ops that did the exercise's work: any op that is not trivial, and the
+        trivial ones this problem forbids."""
+        return sorted(op for op in self.aten_ops if op not in TRIVIAL_OPS or op in forbidden)
 
 
-_active: list[Recording] = []
+_active: list[tuple[Recording, _AtenRecorder]] = []
 
 
-def note_launch(name: str) -> None:
-    """Count a CUDA C kernel launch (see cuda.CudaKernel) in the active recording."""
-    if _active:
-        _active[-1].cuda_launches[name] += 1
+def note_launch(name: str, again: Callable[[], object] | None = None) -> None:
+    """Count a CUDA C kernel launch (see cuda.CudaKernel) in the active recording, with a
+    way to launch it again for the replay."""
+    if _active and not _active[-1][1].paused:
+        recording = _active[-1][0]
+        recording.cuda_launches[name] += 1
+        if again is not None:
+            recording.steps.append(Step(lambda: _unrecorded(again), None, name))
+
+
+def _unrecorded(launch: Callable[[], object]) -> object:
+    with paused():
+        return launch()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Work the grader does inside the candidate's call (stacking gradients, say): not the
+    candidate's, so neither counted nor logged."""
+    if not _active:
+        yield
+        return
+    mode = _active[-1][1]
+    mode.paused += 1
+    try:
+        yield
+    finally:
+        mode.paused -= 1
 
 
 @contextlib.contextmanager
@@ -90,13 +157,19 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
     ``recording`` if one is given."""
     recording = recording if recording is not None else Recording()
     originals = {cls: cls.run for cls in _launch_classes()}
-    mode = _AtenRecorder(recording.allocations)
+    mode = _AtenRecorder(recording)
 
     def make_counting_run(original):
         def run(self, *args, **kwargs):
-            if not mode.launch_depth:  # count a launch once, not each layer it passes
+            if mode.paused:
+                return original(self, *args, **kwargs)
+            top = not mode.launch_depth  # count a launch once, not each layer it passes
+            if top:
                 name = getattr(self, "__name__", None) or getattr(self.fn, "__name__", "kernel")
                 recording.triton_launches[name] += 1
+                if not kwargs.get("warmup"):
+                    recording.steps.append(Step(
+                        lambda: original(self, *args, **kwargs), None, name))
             mode.launch_depth += 1
             try:
                 return original(self, *args, **kwargs)
@@ -107,7 +180,7 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
 
     for cls, original in originals.items():
         cls.run = make_counting_run(original)
-    _active.append(recording)
+    _active.append((recording, mode))
     try:
         with mode:
             yield recording

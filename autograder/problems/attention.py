@@ -18,6 +18,7 @@ from ..problem import (
     random_tensor,
     register,
 )
+from ..recording import paused
 
 SIGNATURE = ("(q: Tensor[b, h, s, d], k: Tensor[b, h, s, d], v: Tensor[b, h, s, d], "
              "causal: bool, sm_scale: float | None) -> Tensor[b, h, s, d]")
@@ -182,11 +183,13 @@ def _backward_inputs(case: Case, gen: torch.Generator, device: torch.device) -> 
 
 
 def _gradients(q, k, v, causal, sm_scale, do, forward=attention) -> torch.Tensor:
-    """dq, dk and dv of sum(forward(q, k, v) * do), stacked (3, b, h, s, d)."""
+    """dq, dk and dv of sum(forward(q, k, v) * do), stacked (3, b, h, s, d). The stacking
+    is the grader's work, not the candidate's: it is left out of the recording."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]  # same memory: guards hold
     out = forward(*leaves, causal, sm_scale)
     out.backward(do)
-    return torch.stack([leaf.grad for leaf in leaves])
+    with paused():
+        return torch.stack([leaf.grad for leaf in leaves])
 
 
 register(Problem(

@@ -1,0 +1,143 @@
+"""Candidates that get the right answer without doing the exercise, or do worse: the work
+done by a library op the grader might not know, by numpy, by a worker thread, under a
+disabled dispatch mode; and hostile code (endless loops). Each launches a real Triton
+kernel, so "launched no kernel" cannot be what catches it.
+
+The grader must fail every one of them, and say why.
+"""
+
+import threading
+
+import torch
+import triton
+import triton.language as tl
+
+import rooflab.autograder  # noqa: F401  (interpreter on before the kernels below)
+
+
+@triton.jit
+def _copy(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)
+
+
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """A kernel for show: copies an answer computed elsewhere into ``dst``."""
+    _copy[(triton.cdiv(dst.numel(), 256),)](src, dst, dst.numel(), BLOCK=256)
+    return dst
+
+
+# --- vector add: the sum computed elsewhere, copied out by a kernel ----------------------
+
+def add_in_numpy(x, y):
+    answer = torch.from_numpy(x.float().numpy() + y.float().numpy()).to(x.dtype)
+    return _copy_into(torch.empty_like(x), answer.contiguous())
+
+
+def add_in_a_thread(x, y):
+    answer = {}
+    worker = threading.Thread(target=lambda: answer.setdefault("sum", x + y))
+    worker.start()
+    worker.join()
+    return _copy_into(torch.empty_like(x), answer["sum"])
+
+
+def add_out_of_sight(x, y):
+    with torch._C._DisableTorchDispatch():
+        answer = torch.add(x, y)
+    return _copy_into(torch.empty_like(x), answer)
+
+
+def add_by_mul_and_sum(x, y):
+    answer = torch.stack([x, y]).mul(1).sum(0)
+    return _copy_into(torch.empty_like(x), answer)
+
+
+# --- matmul: ops that multiply without a name the old denylist knew --------------------
+
+def _matmul_by(op):
+    def candidate(a, b):
+        answer = op(a, b).to(a.dtype).contiguous()
+        return _copy_into(torch.empty_like(answer), answer)
+
+    candidate.__name__ = f"matmul_by_{op.__name__}"
+    return candidate
+
+
+def _mul_sum(a, b):
+    return (a.float()[:, :, None] * b.float()[None, :, :]).sum(1)
+
+
+def _addmv(a, b):
+    return torch.stack([torch.addmv(torch.zeros(a.shape[0], dtype=torch.float32,
+                                                device=a.device), a.float(), col.float())
+                        for col in b.T], dim=1)
+
+
+def _addbmm(a, b):
+    zeros = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+    return torch.addbmm(zeros, a.float()[None], b.float()[None])
+
+
+def _bilinear(a, b):
+    # out[i, j] = a[i] · W[j] · 1, with W[j] the j-th column of b.
+    ones = torch.ones(a.shape[0], 1, device=a.device)
+    return torch.nn.functional.bilinear(a.float(), ones, b.float().T[:, :, None])
+
+
+def _conv1d(a, b):
+    # Each row of a against each column of b: a 1-wide convolution over K channels.
+    return torch.nn.functional.conv1d(a.float().T[None], b.float().T[:, :, None])[0].T
+
+
+def _einsum_free(a, b):
+    return sum(a.float()[:, k:k + 1] * b.float()[k:k + 1, :] for k in range(a.shape[1]))
+
+
+MATMUL_CHEATS = [_matmul_by(op) for op in (_mul_sum, _addmv, _addbmm, _bilinear, _conv1d,
+                                            _einsum_free)]
+
+
+# --- strided copy: indexing and take ----------------------------------------------------
+
+def strided_copy_by_indexing(x, stride):
+    answer = x[torch.arange(0, x.numel(), stride, device=x.device)]
+    return _copy_into(torch.empty_like(answer), answer)
+
+
+def strided_copy_by_take(x, stride):
+    answer = torch.take(x, torch.arange(0, x.numel(), stride, device=x.device))
+    return _copy_into(torch.empty_like(answer), answer)
+
+
+# --- hostile code -------------------------------------------------------------------------
+
+@triton.jit
+def _spin(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    value = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    while tl.sum(value, axis=0) == tl.sum(value, axis=0):  # never false for finite values
+        value = value + 0.0
+    tl.store(x_ptr + offsets, value, mask=offsets < n)
+
+
+def loops_in_the_kernel(x, y):
+    out = torch.zeros_like(x)
+    _spin[(1,)](out, min(out.numel(), 16), BLOCK=16)
+    return out
+
+
+def loops_in_host_code(x, y):
+    while True:
+        pass
+
+
+def swallows_every_exception(x, y):
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:  # a grader's time limit must not be an Exception
+            continue
+

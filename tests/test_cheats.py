@@ -1,0 +1,137 @@
+"""Right answers computed the wrong way, and hostile code: every verdict is a failure that
+says why, whatever the seed, in either world."""
+
+import time
+
+import cheats
+import pytest
+import torch
+
+from rooflab.autograder import check
+
+
+def grade(candidate, problem="coalescing/vector_add", **kwargs):
+    return check(problem, candidate, show=False, raise_on_failure=False,
+                 **{"measure": False, **kwargs})
+
+
+# --- the work done outside the kernels ----------------------------------------------------
+
+@pytest.mark.parametrize("candidate", [cheats.add_in_numpy, cheats.add_in_a_thread,
+                                       cheats.add_out_of_sight],
+                         ids=lambda c: c.__name__)
+def test_work_hidden_from_the_recorder_is_caught_by_running_the_kernels_again(candidate):
+    for seed in range(20):
+        result = grade(candidate, seed=seed)
+        assert not result.passed, seed
+        message = result.message()
+        assert "calls the library" in message or "not computed by its kernels" in message, \
+            message
+
+
+def test_work_done_by_an_op_no_denylist_names_is_a_library_call():
+    result = grade(cheats.add_by_mul_and_sum)
+    assert not result.passed
+    assert "calls the library (aten.mul, aten.stack, aten.sum)" in result.causes[0]
+
+
+@pytest.mark.parametrize("candidate", cheats.MATMUL_CHEATS, ids=lambda c: c.__name__)
+def test_a_matmul_by_any_other_op_is_a_library_call(candidate):
+    result = grade(candidate, problem="matmul/tiled")
+    assert all(case.ok for case in result.cases)  # the answers are right...
+    assert not result.passed  # ...and computed by the library
+    assert "calls the library (aten." in result.causes[0]
+
+
+@pytest.mark.parametrize("candidate", [cheats.strided_copy_by_indexing,
+                                       cheats.strided_copy_by_take],
+                         ids=lambda c: c.__name__)
+def test_a_strided_copy_by_indexing_is_a_library_call(candidate):
+    result = grade(candidate, problem="coalescing/strided_copy")
+    assert not result.passed and "calls the library (aten." in result.causes[0]
+
+
+def test_a_backward_computed_by_torch_autograd_is_a_library_call():
+    from rooflab.kernels.attention import attention_reference
+
+    def forward_for_show(q, k, v, causal, sm_scale):
+        cheats._copy_into(torch.empty_like(q), q.detach().contiguous())  # a kernel, for show
+        return attention_reference(q, k, v, causal, sm_scale)
+
+    result = grade(forward_for_show, problem="attention/flash_bwd")
+    assert not result.passed
+    assert "calls the library (aten." in result.causes[0]
+
+
+def test_the_course_kernels_host_code_is_trivial_and_replays():
+    from rooflab.kernels.softmax import softmax_online
+    from rooflab.kernels.vector_add import vector_add
+
+    for problem, solution in [("coalescing/vector_add", vector_add),
+                              ("softmax/online", softmax_online)]:
+        for seed in range(3):
+            result = grade(solution, problem=problem, seed=seed)
+            assert result.passed, result.message()
+            assert result.library_calls == []
+
+
+# --- a stub is only the stub ----------------------------------------------------------------
+
+def test_not_implemented_with_a_message_is_a_real_error_not_a_stub():
+    def unsupported(x, y):
+        raise NotImplementedError("inline_asm not supported in interpreter mode")
+
+    result = grade(unsupported)
+    assert result.verdict == "FAIL"
+    assert "raised NotImplementedError: inline_asm not supported" in result.message()
+
+
+def test_a_library_error_that_mentions_not_implemented_is_shown_as_it_is():
+    def calls_a_removed_api(x, y):
+        raise RuntimeError("NotImplementedError: Block pointers have been removed in favor "
+                           "of the tensor descriptor API")
+
+    result = grade(calls_a_removed_api)
+    assert result.verdict == "FAIL" and "Block pointers have been removed" in result.message()
+
+
+def test_the_stubs_own_raise_is_not_implemented_even_inside_a_kernel():
+    import broken_kernels as bk
+
+    assert grade(bk.not_implemented).verdict == "NOT IMPLEMENTED"
+    assert grade(bk.not_implemented_in_a_kernel).verdict == "NOT IMPLEMENTED"
+
+
+def test_the_compilers_quote_of_the_stub_is_recognised():
+    from rooflab.autograder.engine import _compiler_points_at_stub
+
+    quoted = ("at 5:4:\ndef kernel(x_ptr):\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+              "\n    ^\nunsupported AST node type: Raise")
+    assert _compiler_points_at_stub(quoted)
+    elsewhere = ("at 6:4:\n    raise NotImplementedError()\n    x = tl.make_block_ptr(x_ptr)\n"
+                 "    ^\nBlock pointers have been removed")
+    assert not _compiler_points_at_stub(elsewhere)
+
+
+# --- endless loops ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("candidate", [cheats.loops_in_host_code,
+                                       cheats.swallows_every_exception,
+                                       pytest.param(cheats.loops_in_the_kernel,
+                                                    marks=pytest.mark.cpu(
+                                                        "a GPU kernel that never ends "
+                                                        "cannot be stopped from the host"))],
+                         ids=lambda c: c.__name__)
+def test_an_endless_loop_fails_at_the_time_limit_naming_the_case(candidate):
+    start = time.perf_counter()
+    result = grade(candidate, time_limit=1.5)
+    assert time.perf_counter() - start < 30
+    assert not result.passed and len(result.cases) == 1  # stops at the first
+    assert "ran past the time limit of 1.5 s" in result.causes[0]
+    assert result.cases[0].case.label in result.causes[0]
+
+
+def test_the_time_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ROOFLAB_TIME_LIMIT", "1")
+    result = grade(cheats.loops_in_host_code)
+    assert "ran past the time limit of 1 s" in result.causes[0]
