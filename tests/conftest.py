@@ -10,12 +10,34 @@ The suite runs in both worlds. A test that holds only in one says so with a mark
 Everything else must pass in both.
 """
 
+import os
+
 import pytest
 import torch
 
 import rooflab.autograder  # noqa: F401
 
 ON_GPU = torch.cuda.is_available()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ceilings measured, raised or rejected by the tests go to a cache of their own, never
+    the user's (set ROOFLAB_CACHE_DIR to choose it). Set here, before any worker or
+    subprocess starts, so they all share it."""
+    if "ROOFLAB_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["ROOFLAB_CACHE_DIR"] = config._rooflab_cache = tempfile.mkdtemp(
+            prefix="rooflab-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = getattr(config, "_rooflab_cache", None)
+    if made:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop("ROOFLAB_CACHE_DIR", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

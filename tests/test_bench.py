@@ -14,9 +14,8 @@ from rooflab.autograder.problem import Cost
 from rooflab.autograder.timing import Timing
 
 
+@pytest.mark.cpu("what a CPU says instead of timing")
 def test_bench_refuses_to_time_on_a_cpu(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("CPU behaviour")
     assert main(["bench", "coalescing"]) == EXIT_FAIL
     assert "benchmarks need a GPU; nothing was timed" in capsys.readouterr().err
 
@@ -142,10 +141,12 @@ def test_attention_workloads_count_causal_work_once_and_check_gradients():
 def test_forward_and_backward_returns_the_gradients():
     from rooflab.kernels.attention import attention_reference, flash_attention
 
-    q, k, v, do = (torch.randn(1, 2, 37, 64) for _ in range(4))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = (torch.randn(1, 2, 37, 64, device=device) for _ in range(4))
     ours = bench._forward_and_backward(flash_attention, True)(q, k, v, do)
     reference = bench._forward_and_backward(attention_reference, True)(q, k, v, do)
-    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if device == "cpu" else 2e-2  # fp32 dots are TF32 on a GPU
+    torch.testing.assert_close(ours, reference, rtol=tol, atol=tol)
     assert ours.numel() == 3 * q.numel()
 
 

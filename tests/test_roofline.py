@@ -210,13 +210,13 @@ def test_measure_refuses_a_cpu_device():
         roofline.measure(CPU)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path")
+@pytest.mark.cpu("checks the CPU path")
 def test_measure_raises_on_cpu():
     with pytest.raises(RuntimeError, match="from_datasheet"):
         roofline.measure()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path")
+@pytest.mark.cpu("checks the CPU path")
 def test_ceilings_raises_on_cpu_without_cache(cache_dir):
     with pytest.raises(RuntimeError):
         roofline.ceilings()
