@@ -124,6 +124,18 @@ def _softmax_workloads(device: str) -> list[Workload]:
              "rooflab softmax_fused": softmax_fused,
              "rooflab softmax_online": softmax_online},
             lambda x: torch.softmax(x, dim=-1)))
+    # The case softmax/online is timed on: rows too long for one block, and too many in
+    # flight for L2 to keep them for the second read. Wider blocks keep more bytes in
+    # flight per program; these rows say how much that is worth.
+    m, n, dtype = 1024, 65536, torch.bfloat16
+    loads.append(Workload(
+        f"{m}x{n}", dtype, Cost(5 * m * n, 2 * m * n * dtype.itemsize),
+        lambda: (torch.randn(m, n, device=device, dtype=dtype),),
+        {"torch.softmax": lambda x: torch.softmax(x, dim=-1),
+         **{f"rooflab softmax_online (block {block})":
+            (lambda x, block=block: softmax_online(x, block=block))
+            for block in (1024, 2048, 4096, 8192)}},
+        lambda x: torch.softmax(x, dim=-1)))
     return loads
 
 

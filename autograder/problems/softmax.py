@@ -118,9 +118,11 @@ _softmax_problem(
         Case({"m": 512, "n": 100000}, torch.float32, scale=1000.0, note=LARGE),
         Case({"m": 1024, "n": 65536}, torch.bfloat16, note="timed", timed=True),
     ],
-    # It reads x twice (once for the statistics, once to write): 3 of every 2 compulsory
-    # bytes, so about 67% of the roof at best.
-    levels=Levels(passing=0.5, good=0.58, excellent=0.63),
+    # It reads x twice (once for the statistics, once to write): at rows this long the
+    # second read mostly misses L2, 3 of every 2 compulsory bytes, about 67% of the roof at
+    # best. The course's kernel (blocks of 1024) reached 43% on an H200: the bar leaves it
+    # a margin of 10% of the bar, and `rooflab bench softmax` times wider blocks.
+    levels=Levels(passing=0.35, good=0.5, excellent=0.6),
     hints=("Walk the row in blocks. Keep two scalars: m, the max so far, and d, the sum of "
            "exp(x - m) so far. A second loop writes exp(x - m) / d.",
            "When a block raises the max from m to m_new, every term already in d was "
