@@ -2,8 +2,9 @@
 
     rooflab doctor                       versions, GPU or interpreter, known-bad combinations
     rooflab list                         the problems and their signatures
-    rooflab check PROBLEM FILE.py:FUNC   grade a function (exit 0 pass, 1 fail, 2 usage error,
-                                         3 needs a GPU: CUDA C compiled but not run)
+    rooflab check PROBLEM FILE.py:FUNC   grade a function in a child process, its answers
+                                         checked again outside it (exit 0 pass, 1 fail, 2 usage
+                                         error, 3 needs a GPU: CUDA C compiled but not run)
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet, and when
                                          and how they were measured
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
@@ -109,16 +110,35 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Grade in a child process (isolated.py), unless --in-process asks for this one."""
     try:
         spec = problem.get(args.problem)
     except KeyError as error:
         raise UsageError(error.args[0]) from None
+    _check_target(args.function)
+    if not args.in_process:
+        from .isolated import check_in_child
+
+        verdict = check_in_child(spec.id, args.function, seed=args.seed,
+                                 time_limit=args.time_limit, verbose=args.verbose)
+        print(verdict.text)
+        return verdict.exit_code
     function = load_function(args.function)
-    result = check(spec, function, seed=args.seed, show=False, raise_on_failure=False)
+    result = check(spec, function, seed=args.seed, show=False, raise_on_failure=False,
+                   time_limit=args.time_limit)
     print(result.message() if result.failed or args.verbose else result.line)
     if result.verdict == "NEEDS A GPU":
         return EXIT_NEEDS_GPU
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _check_target(spec: str) -> None:
+    """The usage errors that need no import: a malformed target, a missing file."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise UsageError(f"expected FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise UsageError(f"no such file: {target}")
 
 
 def _print_ceilings(rows: list[roofline.Ceilings]) -> None:
@@ -280,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("function", help="FILE.py:FUNCTION or MODULE:FUNCTION")
     p.add_argument("--seed", type=int, default=None, help="repeat the inputs of an earlier run")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="per case (default $ROOFLAB_TIME_LIMIT, else 120; 0: none)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the candidate in this process (to debug it; its exit or crash "
+                   "then ends rooflab too, and its answers are not checked again)")
 
     p = commands.add_parser("trace", help="memory traffic of a function, in the interpreter")
     p.add_argument("problem", help='problem id, e.g. "coalescing/transpose"')

@@ -171,10 +171,10 @@ def enable_interpreter_if_no_gpu() -> None:
 _warned: set[str] = set()
 
 
-def explain_launch_error(error: BaseException) -> str | None:
-    """If ``error`` is Triton's obscure failure for a GPU kernel launched without a GPU,
-    return a message that says what happened and how to fix it."""
-    text = str(error)
+def explain_launch_error(error: BaseException | str) -> str | None:
+    """If ``error`` (or its text) is Triton's obscure failure for a GPU kernel launched
+    without a GPU, return a message that says what happened and how to fix it."""
+    text = error if isinstance(error, str) else str(error)
     if "active drivers" in text or "outside of the scope of a kernel" in text:
         names = ", ".join(_kernels_defined_for_gpu()) or "some kernels"
         return (f"{names} were built for a GPU, which this machine does not have: "

@@ -107,12 +107,12 @@ def _is_stub(error: BaseException) -> bool:
     error that mentions NotImplementedError (Triton's, torch's) is a real error."""
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, NotImplementedError) and not str(seen):
+        if isinstance(seen, NotImplementedError) and not _text(seen):
             frames = traceback.extract_tb(seen.__traceback__)
             if frames and _is_learners(frames[-1].filename) and \
                     (frames[-1].line or "").strip() in (STUB_LINE, STUB_LINE[:-2]):
                 return True
-        if "CompilationError" in type(seen).__name__ and _compiler_points_at_stub(str(seen)):
+        if "CompilationError" in type(seen).__name__ and _compiler_points_at_stub(_text(seen)):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -130,11 +130,22 @@ def _is_learners(filename: str) -> bool:
     return not any(filename.startswith(folder) for folder in _NOT_LEARNER)
 
 
+def _text(error: BaseException) -> str:
+    """``str(error)``, even for an exception whose ``__str__`` itself raises."""
+    try:
+        return str(error)
+    except BaseException:  # noqa: BLE001 (a hostile __str__ must not crash the grader)
+        return f"<{type(error).__name__} whose message cannot be shown: its __str__ raised>"
+
+
 def _describe_exception(error: BaseException) -> str:
-    explained = device_layer.explain_launch_error(error)
+    if isinstance(error, SystemExit):
+        return (f"called sys.exit({error.code!r}): a kernel returns its answer; it does not end "
+                "the process")
+    explained = device_layer.explain_launch_error(_text(error))
     if explained:
         return explained
-    text = f"raised {type(error).__name__}: {error}".strip()
+    text = f"raised {type(error).__name__}: {_text(error)}".strip()
     text = text.splitlines()[0] if text else type(error).__name__
     broken = versions.known_problems()
     if broken:  # say so: the learner's code may be fine
@@ -183,7 +194,6 @@ class _CaseRun:
 
     def judge(self, spec: Problem, output: object, allocations: list[guard.Guarded],
               on_gpu: bool, dev: torch.device) -> CaseResult:
-        from .compare import compare
 
         for guarded in [*self.guards, *allocations]:
             hit = guarded.margins_hit()
@@ -200,6 +210,14 @@ class _CaseRun:
         if alias is not None and not spec.output_arg:
             return CaseResult(self.case, error=f"returned (a view of) argument {alias} instead "
                                                "of a new tensor")
+        return self.answer(spec, output, on_gpu, dev)
+
+    def answer(self, spec: Problem, output: object, on_gpu: bool, dev: torch.device
+               ) -> CaseResult:
+        """Is ``output`` the answer for these inputs? (Only the answer: ``judge`` also
+        looks at what the run did to memory.)"""
+        from .compare import compare
+
         if spec.compare is not None:
             cause = spec.compare(output, self.reference(spec))
             return CaseResult(self.case, Comparison(ok=not cause, cause=cause))
@@ -226,6 +244,7 @@ def check(
     raise_on_failure: bool = True,
     target: str | None = None,
     time_limit: float | None = None,
+    keep_outputs: bool = False,
 ) -> CheckResult:
     """Grade ``candidate`` on the problem ``problem_id`` ("<lab>/<exercise>").
 
@@ -240,6 +259,8 @@ def check(
 
     Each case may run for ``time_limit`` seconds (default $ROOFLAB_TIME_LIMIT, else 120):
     an endless loop fails the check, naming the case, instead of hanging it.
+    ``keep_outputs`` keeps a copy of each case's answer in ``result.outputs`` (by case
+    index), for a grader in another process to check again (``isolated.py``).
 
     Shows the result (HTML in Jupyter, one line elsewhere) and returns a CheckResult.
     Raises AssertionError, with the cause in the message, if the candidate fails.
@@ -280,7 +301,7 @@ def check(
                 f"{late}: an endless loop, or a wait that never ends? (set the limit with "
                 f"check(..., time_limit=seconds) or ${TIME_LIMIT_ENV})")))
             break
-        except Exception as error:  # the candidate's bug, reported as the case's failure
+        except (Exception, SystemExit) as error:  # the candidate's bug: this case's failure
             if _is_stub(error):
                 result.not_implemented = True
                 break
@@ -299,6 +320,8 @@ def check(
             # Right answer; does the traced work match what the exercise is about?
             judged.error = spec.trace_check(case, attempt.inputs, launches)
         result.cases.append(judged)
+        if keep_outputs:
+            result.outputs[index] = _copy_of(output)
         if launches and (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
             traced = (case, launches)
         if launches and judged.ok:
@@ -433,6 +456,16 @@ def _memory_violations(launches: list) -> str:
         if races:
             return f"race in {launch.kernel}: {races[0]}"
     return ""
+
+
+def _copy_of(output: object) -> object:
+    """The answer as it is now, detached from the candidate's memory (which the replay
+    and later cases may overwrite)."""
+    if isinstance(output, torch.Tensor):
+        return output.detach().clone()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_copy_of(item) for item in output)
+    return output
 
 
 def _replayable(spec: Problem, output: object, recording: Recording) -> bool:

@@ -217,6 +217,9 @@ class Problem:
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None
     # Hints, from a nudge to the key line; ``hint(problem_id, level)`` shows one.
     hints: Sequence[str] = ()
+    # False when the right answer depends on the run itself (a timer's: what the stand-in
+    # GPU really took), so that it cannot be worked out again in another process.
+    deterministic_reference: bool = True
     # The course's own solution, "module:function" in rooflab.kernels. Tests hold it to the
     # problem's own bar: correct in both worlds, and on a GPU fast enough with a margin.
     solution: str = ""

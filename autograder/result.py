@@ -124,6 +124,8 @@ class CheckResult:
     # Set when nothing could fail here but nothing could run either (CUDA C on a CPU):
     # what was checked instead. Such a result is neither passed nor failed.
     needs_gpu: str = ""
+    # Each case's answer by case index, when check(..., keep_outputs=True) asked for them.
+    outputs: dict[int, object] = field(default_factory=dict, repr=False)
 
     @property
     def passed(self) -> bool:

@@ -212,3 +212,58 @@ def test_roofline_remeasure_on_a_busy_card_says_it_rejected_it(capsys, monkeypat
         "another process using the GPU" in flat
     assert "rejected 2026-11-28 10:00 UTC: measured 1.2 TB/s copy bandwidth" in flat
     assert "measured 2026-11-26 14:02 UTC" in flat  # the good figures stay in use
+
+
+# --- whatever the candidate does, one verdict and its exit code --------------------------------
+
+HOSTILE = {
+    "exits": "import sys\ndef add(x, y):\n    sys.exit(0)\n",
+    "exits_hard": "import os\ndef add(x, y):\n    os._exit(0)\n",
+    "exits_on_import": "import sys\nsys.exit(0)\ndef add(x, y):\n    pass\n",
+    "crashes": "import ctypes\ndef add(x, y):\n    ctypes.string_at(0)\n",
+    "interrupts": "def add(x, y):\n    raise KeyboardInterrupt\n",
+    "bad_str": ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError()\n"
+                "def add(x, y):\n    raise Odd()\n"),
+    "loops": "def add(x, y):\n    while True:\n        pass\n",
+    # Right for the grader it patched, wrong for the one it cannot reach.
+    "tampers": '''\
+import torch, triton, triton.language as tl
+from rooflab.autograder import get_problem
+
+get_problem("coalescing/vector_add").reference = lambda x, y: x - y  # the grader, patched
+
+@triton.jit
+def sub(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, (x - y).to(out_ptr.dtype.element_ty), mask=mask)
+
+def add(x, y):
+    out = torch.empty_like(x)
+    sub[(triton.cdiv(x.numel(), 256),)](x, y, out, x.numel(), BLOCK=256)
+    return out
+''',
+}
+WORDS = {
+    "exits": "called sys.exit(0)",
+    "exits_hard": "ended with exit status 0 before a verdict",
+    "exits_on_import": "ended with exit status 0 before a verdict",
+    "crashes": "killed by SIGSEGV",
+    "interrupts": "interrupted (KeyboardInterrupt)",
+    "bad_str": "whose message cannot be shown",
+    "loops": "ran past the time limit of 2 s",
+    "tampers": "checked again outside the candidate's process",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_candidate_gets_one_verdict_line_and_exit_1(capsys, tmp_path, name):
+    candidate = tmp_path / f"{name}.py"
+    candidate.write_text(HOSTILE[name])
+    code, out = run(capsys, "check", "coalescing/vector_add", f"{candidate}:add",
+                    "--time-limit", "2")
+    assert code == EXIT_FAIL, out
+    assert out.startswith("FAIL coalescing/vector_add"), out
+    assert WORDS[name] in out, out

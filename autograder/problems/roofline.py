@@ -332,6 +332,7 @@ register(Problem(
     kernel=None,
     timed=False,
     compare=_compare_time,
+    deterministic_reference=False,
     hints=("A launch only queues work: the time right after it says nothing about the work.",
            "Call synchronize() before you read the clock, around each run; run a few times "
            "before you start counting.",

@@ -1,0 +1,205 @@
+"""``rooflab check`` with the candidate in a child process: one verdict, whatever it does.
+
+In a notebook, ``check`` runs the learner's code in the learner's own process: that is
+what makes it quick to iterate with, and it is a learning tool, not a proof. Code that
+calls ``sys.exit``, crashes the interpreter, never returns, or rewrites the grader it
+shares a process with could decide that process's fate and say what it likes.
+
+So from the shell the candidate runs in a child Python process, under the same ``check``,
+and the parent, which never runs candidate code:
+
+* ends the child at a time limit (a kernel that never returns, on a CPU or on a GPU);
+* turns an exit, a crash or a signal into a FAIL that says which, never a silent 0;
+* checks every answer again, against its own reference, with its own copy of the
+  problem: mutating the problem or patching the comparison inside the child changes
+  nothing.
+
+What cannot be seen from outside stays the child's report: which ops and kernels ran,
+the traced traffic, the measured time. A candidate that rewrites the grader's own code in
+its process could forge those; the answers it cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import problem
+from . import time_limit as limits
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
+EXIT_CODES = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "NOT IMPLEMENTED": EXIT_FAIL,
+              "NEEDS A GPU": EXIT_NEEDS_GPU}
+# Starting Python, importing torch and Triton, and on a GPU measuring the ceilings and
+# timing the largest case: time a child needs beyond its cases' own limits.
+OVERHEAD_S = 300.0
+
+
+@dataclass
+class Verdict:
+    """What ``rooflab check`` prints (``text``, its last line the verdict) and exits with."""
+
+    exit_code: int
+    text: str
+
+
+def check_in_child(problem_id: str, function: str, seed: int | None = None,
+                   time_limit: float | None = None, verbose: bool = False) -> Verdict:
+    """Grade ``function`` ("FILE.py:FUNC" or "module:FUNC") on ``problem_id`` in a child
+    process, and check its answers again here. Raises KeyError for an unknown problem."""
+    spec = problem.get(problem_id)
+    from .engine import _new_seed
+
+    seed = _new_seed() if seed is None else seed
+    limit = limits.default_s() if time_limit is None else time_limit
+    with tempfile.TemporaryDirectory(prefix="rooflab-check-") as into:
+        command = [sys.executable, "-m", "rooflab.autograder.isolated", problem_id, function,
+                   "--seed", str(seed), "--time-limit", str(limit), "--into", into]
+        # Its own session: a time limit ends the child and anything it started.
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        overall = limit * (len(spec.cases(_on_gpu())) + 1) + OVERHEAD_S if limit > 0 else None
+        try:
+            status = child.wait(timeout=overall)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: ran past the time limit of "
+                                      f"{overall:g} s for the whole check and was stopped: a "
+                                      f"kernel or a wait that never ends? (inputs seed {seed})")
+        report = _read(Path(into) / "report.json")
+        if report is None:
+            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {_ended_without_verdict(status)}")
+        if "usage" in report:
+            return Verdict(EXIT_USAGE, report["usage"])
+        if report["verdict"] != "PASS":  # a failure needs its explanation
+            text = report["line"] if report["verdict"] == "NEEDS A GPU" and not verbose \
+                else report["message"]
+            return Verdict(EXIT_CODES.get(report["verdict"], EXIT_FAIL), text)
+        wrong = recheck(spec, Path(into) / "outputs.pt", seed)
+        if wrong:
+            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
+                                      f"the candidate's process; inputs seed {seed})")
+        return Verdict(EXIT_PASS, report["message"] if verbose else report["line"])
+
+
+def _on_gpu() -> bool:
+    from .device import current
+
+    return current().can_measure
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(report, dict) and ("usage" in report or {"verdict", "line", "message"}
+                                       <= report.keys())
+    return report if ok else None
+
+
+def _ended_without_verdict(status: int) -> str:
+    """Why a child left no report, in words."""
+    if status < 0:
+        name = signal.Signals(-status).name
+        return (f"the candidate's process was killed by {name} before a verdict (a crash: a "
+                "wild pointer in a kernel, or a broken extension?)")
+    return (f"the candidate's process ended with exit status {status} before a verdict: "
+            "os._exit or a crash in native code? A kernel must return its answer")
+
+
+def recheck(spec: problem.Problem, outputs_path: Path, seed: int) -> str:
+    """Check every case's answer again, here, on the same inputs (same seed): "" if all
+    are right, else the first that is not."""
+    from .device import current, interpreter_enabled
+    from .engine import INTERPRETER_SKIPS, _CaseRun
+
+    if not spec.deterministic_reference:
+        return ""  # its answer depends on the run itself (a timer): the child's word only
+    try:
+        outputs = torch.load(outputs_path, weights_only=True)
+    except Exception:  # noqa: BLE001 (missing, corrupt or hostile: all the same here)
+        return "its answers never reached the grader"
+    info = current()
+    dev = torch.device(info.torch_device)
+    for index, case in enumerate(spec.cases(info.can_measure)):
+        if interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
+            continue
+        if index not in outputs:
+            return f"no answer for {case.label} reached the grader"
+        run = _CaseRun(spec, case, torch.Generator(device=dev).manual_seed(seed + index), dev)
+        answer = run.answer(spec, outputs[index], info.can_measure, dev)
+        if not answer.ok:
+            return f"wrong on {case.label}: {answer.summary}"
+    return ""
+
+
+# --- the child ----------------------------------------------------------------------------
+
+def _child(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rooflab.autograder.isolated")
+    parser.add_argument("problem")
+    parser.add_argument("function")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--time-limit", type=float, required=True)
+    parser.add_argument("--into", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    from .cli import CandidateError, UsageError, load_function
+    from .engine import check
+
+    try:
+        function = load_function(args.function)
+    except UsageError as error:
+        return _write(args.into, {"usage": f"rooflab check: {error}"})
+    except CandidateError as error:
+        line = f"FAIL {args.problem}: {error}"
+        return _write(args.into, {"verdict": "FAIL", "line": line, "message": line})
+    try:
+        result = check(args.problem, function, seed=args.seed, show=False,
+                       raise_on_failure=False, time_limit=args.time_limit, keep_outputs=True)
+    except KeyboardInterrupt:
+        line = f"FAIL {args.problem}: interrupted (KeyboardInterrupt) before a verdict"
+        return _write(args.into, {"verdict": "FAIL", "line": line, "message": line})
+    torch.save({index: _portable(output) for index, output in result.outputs.items()},
+               args.into / "outputs.pt")
+    return _write(args.into, {"verdict": result.verdict, "line": result.line,
+                              "message": result.message()})
+
+
+def _portable(answer: object) -> object:
+    """An answer in the types the parent loads safely (tensors, numbers, strings, and
+    tuples or lists of them): numpy becomes torch or Python, anything else its repr."""
+    import numpy as np
+
+    if isinstance(answer, torch.Tensor) or answer is None or \
+            isinstance(answer, (bool, int, float, str)):
+        return answer
+    if isinstance(answer, np.ndarray):
+        return torch.from_numpy(answer)
+    if isinstance(answer, np.generic):
+        return answer.item()
+    if isinstance(answer, (tuple, list)):
+        return type(answer)(_portable(item) for item in answer)
+    return repr(answer)
+
+
+def _write(into: Path, report: dict) -> int:
+    """Write the report whole or not at all (a rename is atomic)."""
+    partial = into / "report.json.partial"
+    partial.write_text(json.dumps(report))
+    partial.replace(into / "report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))
