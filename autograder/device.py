@@ -153,19 +153,44 @@ def _interpret_kernels_built_for_gpu() -> None:
     JITFunction._rooflab_interpreted = True
 
 
+def _autotune_by_prediction() -> None:
+    """``@triton.autotune`` written as Triton's tutorials write it, with no ``do_bench=``,
+    asks the GPU driver for a timer, and there is none here. In the interpreter, let such
+    an autotuner rank configurations by the traffic model's prediction instead (what
+    ``timing.autotune_bench()`` gives a kernel that asks explicitly)."""
+    from triton.runtime.autotuner import Autotuner
+
+    if getattr(Autotuner, "_rooflab_predicts", False):
+        return
+    original = Autotuner.__dict__["do_bench"]  # a property (3.6) or a cached_property (3.9)
+
+    def do_bench(self):
+        if self._do_bench is None and interpreter_enabled():
+            from .timing import predicted_bench
+
+            return predicted_bench
+        return original.__get__(self, type(self))
+
+    Autotuner.do_bench = property(do_bench)
+    Autotuner._rooflab_predicts = True
+
+
 def enable_interpreter_if_no_gpu() -> None:
     """Switch Triton to its interpreter when there is no CUDA GPU. Kernels defined before
-    that (if triton was imported first) are run in the interpreter too, with a warning."""
+    that (if triton was imported first) are run in the interpreter too, with a warning;
+    autotuners with no timer of their own rank configurations by prediction."""
     if current().is_gpu:
         return
+    triton_came_first = "triton" in sys.modules
     if not interpreter_enabled():
         os.environ[INTERPRET_VAR] = "1"
-    if "triton" in sys.modules:
+    if triton_came_first:
         _interpret_kernels_built_for_gpu()
         early = _kernels_defined_for_gpu()
         if early and not _warned:
             _warned.update(early)
             warnings.warn(too_early_message(early), RuntimeWarning, stacklevel=3)
+    _autotune_by_prediction()  # imports Triton: only now that the interpreter is on
 
 
 _warned: set[str] = set()

@@ -318,7 +318,7 @@ def check(
             attempt.judge(spec, output, allocations, on_gpu, dev)
         if judged.ok and launches and spec.trace_check is not None:
             # Right answer; does the traced work match what the exercise is about?
-            judged.error = spec.trace_check(case, attempt.inputs, launches)
+            judged.error = spec.trace_check(case, attempt.inputs, launches, output)
         result.cases.append(judged)
         if keep_outputs:
             result.outputs[index] = _copy_of(output)
@@ -334,6 +334,7 @@ def check(
 
     result.library_calls = recording.library_calls(spec.library_ops)
     result.triton_launches = dict(recording.triton_launches)
+    result.autotuned = dict(recording.autotuned)
     result.cuda_launches = dict(recording.cuda_launches)
     result.causes = _causes(spec, result)
     for finding, labels in tile_findings.items():
@@ -434,6 +435,9 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
                       "kernel's, and its host code may only allocate, view, fill and copy")
     elif spec.kernel and not launched and not failing:
         causes.append(f"launched no {kind}; this exercise asks for one")
+    elif spec.structure.autotuned and launched and not result.autotuned and not failing:
+        causes.append("launched its kernel with one fixed configuration: this exercise asks "
+                      "for @triton.autotune to choose among several for each shape")
     return causes
 
 
@@ -523,9 +527,10 @@ def _predict(spec: Problem, traced: tuple[Case, list], target: str | None,
                                      card, case.label, spec.structure.l2_bytes,
                                      spec.structure.sm_count)
         limit = spec.structure.dram_over_compulsory
-        perf.notes.append(f"graded{spec.structure.toy_card}: DRAM "
-                          f"{prediction.dram / prediction.compulsory:.2f}× compulsory"
-                          + (f", at most {limit:g}× allowed" if limit else ""))
+        ratio = f"DRAM {prediction.dram / prediction.compulsory:.2f}× compulsory"
+        perf.notes.append(f"graded{spec.structure.toy_card}: {ratio}, at most {limit:g}× "
+                          "allowed" if limit else f"{spec.structure.toy_card.strip()[1:-1]}: "
+                          f"{ratio} (shown, not graded)")
     result.causes += spec.structure.failures(prediction)
 
 

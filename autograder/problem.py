@@ -136,6 +136,8 @@ class Structure:
     tensor_cores: bool = False
     # Every traced tile fits one SM (shared memory for num_stages, accumulator registers).
     tile_fit: bool = False
+    # The launches go through @triton.autotune (seen in both worlds, not only traced).
+    autotuned: bool = False
 
     @property
     def toy_card(self) -> str:
@@ -209,9 +211,9 @@ class Problem:
     # invoke(candidate, inputs) -> output, where calling candidate(*inputs) is not the whole
     # exercise (e.g. a backward pass: run the forward, then backward, return the gradients).
     invoke: Callable[[Callable, tuple], object] | None = None
-    # trace_check(case, inputs, launches) -> "" or why a correct answer was computed the
+    # trace_check(case, inputs, launches, output) -> "" or why a correct answer was computed the
     # wrong way, from the interpreter's trace (e.g. causal attention loading every block).
-    trace_check: Callable[[Case, tuple, list], str] | None = None
+    trace_check: Callable[[Case, tuple, list, object], str] | None = None
     # diagnose(inputs, output, reference) -> the likely cause of a wrong answer, in words,
     # or "" (e.g. "rows do not sum to 1: the running sum is not rescaled").
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None

@@ -101,6 +101,14 @@ def _launch_classes() -> list[type]:
     return classes
 
 
+def _autotuner_class() -> type | None:
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:  # pragma: no cover
+        return None
+    return Autotuner
+
+
 @dataclass
 class Recording:
     """What a candidate did: aten op counts, kernel launch counts, fresh allocations, and
@@ -108,6 +116,7 @@ class Recording:
 
     aten_ops: Counter[str] = field(default_factory=Counter)
     triton_launches: Counter[str] = field(default_factory=Counter)
+    autotuned: Counter[str] = field(default_factory=Counter)  # calls of an Autotuner
     cuda_launches: Counter[str] = field(default_factory=Counter)
     allocations: list[guard.Guarded] = field(default_factory=list)  # inside guard bands
     steps: list[Step] = field(default_factory=list)
@@ -180,6 +189,16 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
 
     for cls, original in originals.items():
         cls.run = make_counting_run(original)
+    autotuner = _autotuner_class()
+    if autotuner is not None:
+        original_tune = autotuner.run
+
+        def tune(self, *args, **kwargs):
+            if not mode.paused:
+                recording.autotuned[getattr(self.fn, "__name__", "kernel")] += 1
+            return original_tune(self, *args, **kwargs)
+
+        autotuner.run = tune
     _active.append((recording, mode))
     try:
         with mode:
@@ -188,4 +207,6 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
         _active.pop()
         for cls, original in originals.items():
             cls.run = original
+        if autotuner is not None:
+            autotuner.run = original_tune
         recording.aten_ops.update(mode.ops)

@@ -117,6 +117,7 @@ class CheckResult:
     performance: Performance | None = None
     library_calls: list[str] = field(default_factory=list)
     triton_launches: dict[str, int] = field(default_factory=dict)
+    autotuned: dict[str, int] = field(default_factory=dict)  # launches via @triton.autotune
     cuda_launches: dict[str, int] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)  # reasons for failing, in words
     skipped: list[str] = field(default_factory=list)  # cases not run here, and why

@@ -141,3 +141,88 @@ def swallows_every_exception(x, y):
         except Exception:  # a grader's time limit must not be an Exception
             continue
 
+
+
+# --- right answers, the wrong structure -------------------------------------------------------
+
+@triton.jit
+def _bias_relu_in_place(c_ptr, bias_ptr, M, N, stride_cm, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, N, BLOCK_N):
+        rn = start + cols
+        c = tl.load(c_ptr + row * stride_cm + rn, mask=rn < N, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        out = tl.maximum(c + bias, 0.0).to(c_ptr.dtype.element_ty)
+        tl.store(c_ptr + row * stride_cm + rn, out, mask=rn < N)
+
+
+def epilogue_in_a_second_kernel(a, b, bias):
+    """The matmul, then the bias and ReLU by a second kernel that reads and writes C again."""
+    from rooflab.kernels.matmul import matmul
+
+    c = matmul(a, b)
+    _bias_relu_in_place[(c.shape[0],)](c, bias, c.shape[0], c.shape[1], c.stride(0),
+                                       BLOCK_N=64)
+    return c
+
+
+@triton.jit
+def _matmul_without_dot(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                        BLOCK: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for k in range(0, K):  # one rank-1 update a step: no tensor cores at all
+        a = tl.load(a_ptr + rm * sam + k * sak, mask=rm < M, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + k * sbk + rn * sbn, mask=rn < N, other=0.0).to(tl.float32)
+        acc += a[:, None] * b[None, :]
+    zeros = tl.zeros((BLOCK, 32), dtype=tl.float16)
+    decoy = tl.dot(zeros, tl.zeros((32, BLOCK), dtype=tl.float16))  # for show
+    acc += decoy
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def matmul_with_a_decoy_dot(a, b):
+    """Rank-1 updates on the CUDA cores, and one tl.dot on zeros per tile, for show."""
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(M, 128), triton.cdiv(N, 128))
+    _matmul_without_dot[grid](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(),
+                              BLOCK=128)
+    return c
+
+
+@triton.jit
+def _softmax_three_loops(x_ptr, out_ptr, N, stride_xm, stride_xn, stride_om,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    m = float("-inf")
+    for start in range(0, N, BLOCK):  # pass 1: the max
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=cols < N,
+                    other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, tl.max(x, axis=0))
+    d = 0.0
+    for start in range(0, N, BLOCK):  # pass 2: the sum
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=cols < N,
+                    other=float("-inf")).to(tl.float32)
+        d += tl.sum(tl.exp(x - m), axis=0)
+    for start in range(0, N, BLOCK):  # pass 3: the output
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=cols < N,
+                    other=float("-inf")).to(tl.float32)
+        y = tl.exp(x - m) / d
+        tl.store(out_ptr + row * stride_om + cols, y.to(out_ptr.dtype.element_ty),
+                 mask=cols < N)
+
+
+def softmax_in_three_loops(x):
+    """Right, one kernel, but the max and the sum each take a pass over x."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _softmax_three_loops[(x.shape[0],)](x, out, x.shape[1], x.stride(0), x.stride(1),
+                                        out.stride(0), BLOCK=512)
+    return out

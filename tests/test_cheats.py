@@ -135,3 +135,103 @@ def test_the_time_limit_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ROOFLAB_TIME_LIMIT", "1")
     result = grade(cheats.loops_in_host_code)
     assert "ran past the time limit of 1 s" in result.causes[0]
+
+
+# --- the structure each step teaches, whatever the tile or the decoy ----------------------------
+
+def _matmul(**config):
+    from rooflab.kernels import matmul as mm
+
+    return lambda a, b: mm.matmul(a, b, **config)
+
+
+@pytest.mark.cpu("the order is read from the interpreter's trace")
+@pytest.mark.parametrize("config, words", [
+    ({}, "row-major order"),
+    ({"block_m": 128, "block_n": 128, "num_warps": 8}, "row-major order"),
+    ({"block_m": 256, "block_n": 128, "num_warps": 8}, "row-major order"),
+    ({"group_m": 1 << 20}, "walk down whole columns"),
+], ids=["64x64", "128x128", "256x128", "column-major"])
+def test_an_order_that_is_not_grouped_fails_whatever_the_tiles(config, words):
+    result = grade(_matmul(**config), problem="matmul/grouped")
+    assert all(case.ok for case in result.cases if "order" not in case.summary)
+    assert not result.passed
+    assert any(words in cause for cause in result.causes), result.causes
+
+
+@pytest.mark.cpu("the order is read from the interpreter's trace")
+@pytest.mark.parametrize("config", [{"group_m": 8}, {"group_m": 4},
+                                    {"group_m": 8, "block_m": 128, "block_n": 128,
+                                     "num_warps": 8},
+                                    {"group_m": 8, "block_m": 256, "block_n": 64,
+                                     "num_warps": 8}],
+                         ids=["tutorial GROUP_M=8", "4", "8, 128x128", "8, 256x64"])
+def test_grouped_order_passes_with_the_tutorials_group_and_any_tile(config):
+    result = grade(_matmul(**config), problem="matmul/grouped")
+    assert result.passed, result.message()
+
+
+@pytest.mark.cpu("stores are counted from the interpreter's trace")
+def test_an_epilogue_in_a_second_kernel_fails():
+    result = grade(cheats.epilogue_in_a_second_kernel, problem="matmul/epilogue")
+    assert not result.passed
+    assert any("stores 2.00× the bytes of C" in cause for cause in result.causes), \
+        result.causes
+
+
+@pytest.mark.cpu("the dots are read from the interpreter's trace")
+@pytest.mark.parametrize("candidate, words", [
+    (_matmul(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=8,
+             precision="ieee"), 'input_precision="ieee"'),
+], ids=["ieee fp32"])
+def test_tensor_cores_must_do_the_multiplication(candidate, words):
+    result = grade(candidate, problem="matmul/tensor_core")
+    assert not result.passed
+    assert any(words in cause for cause in result.causes), result.causes
+
+
+def test_an_autotuned_exercise_without_the_autotuner_fails():
+    result = grade(_matmul(block_m=32, block_n=64, block_k=32), problem="matmul/autotuned")
+    assert all(case.ok for case in result.cases)
+    assert not result.passed
+    assert "one fixed configuration" in result.causes[0]
+
+
+def test_the_tutorials_autotune_without_do_bench_passes():
+    """As Triton's tutorial writes it: no do_bench=, so on a CPU there is no GPU timer to
+    ask; the configurations are ranked by the traffic model instead."""
+    import triton
+
+    from rooflab.kernels import matmul as mm
+
+    tuned = triton.autotune(
+        configs=[triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8},
+                               num_warps=4, num_stages=3),
+                 triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8},
+                               num_warps=4, num_stages=4)],
+        key=["M", "N", "K"])(mm.matmul_kernel)
+
+    def matmul(a, b):
+        c, args, constants = mm._launch_arguments(a, b, None, "none", "tf32")
+        M, N = c.shape
+        tuned[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
+            *args, **constants)
+        return c
+
+    result = grade(matmul, problem="matmul/autotuned")
+    assert result.passed, result.message()
+
+
+@pytest.mark.cpu("the passes over x are counted from the interpreter's trace")
+@pytest.mark.parametrize("candidate, words", [
+    (cheats.softmax_in_three_loops, "reads x 3.0 times"),
+    ("softmax_naive", "an intermediate kept in memory"),
+    ("softmax_fused", "loads a whole row"),
+], ids=["three loops", "three kernels", "one block a row"])
+def test_online_softmax_is_graded_on_its_one_pass_structure(candidate, words):
+    from rooflab.kernels import softmax
+
+    candidate = getattr(softmax, candidate) if isinstance(candidate, str) else candidate
+    result = grade(candidate, problem="softmax/online")
+    assert not result.passed
+    assert any(words in cause for cause in result.causes), result.causes

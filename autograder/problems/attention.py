@@ -19,6 +19,7 @@ from ..problem import (
     register,
 )
 from ..recording import paused
+from . import traced
 
 SIGNATURE = ("(q: Tensor[b, h, s, d], k: Tensor[b, h, s, d], v: Tensor[b, h, s, d], "
              "causal: bool, sm_scale: float | None) -> Tensor[b, h, s, d]")
@@ -82,26 +83,14 @@ def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> st
     return ""
 
 
-def _bytes_loaded(launch, tensor: torch.Tensor) -> int:
-    """Bytes a launch loaded from ``tensor``'s memory (active lanes only)."""
-    start = tensor.data_ptr()
-    end = start + (tensor.untyped_storage().nbytes() if tensor.numel() else 0)
-    total = 0
-    for access in launch.accesses:
-        if access.kind == "load":
-            inside = (access.addresses >= start) & (access.addresses < end) & access.active
-            total += int(inside.sum()) * access.element_size
-    return total
-
-
-def causal_skipping(case: Case, inputs: tuple, launches: list) -> str:
+def causal_skipping(case: Case, inputs: tuple, launches: list, output: object) -> str:
     """A causal forward must not load key blocks that lie wholly above the diagonal."""
     q, k, _, causal, _ = inputs
     if not causal:
         return ""
     b, h, s_k, d = k.shape
     for launch in launches:
-        loaded = _bytes_loaded(launch, k)
+        loaded = traced.bytes_moved([launch], k, "load")
         every_block = launch.programs * s_k * d * k.element_size()  # no skipping at all
         if loaded and loaded >= every_block:
             return (f"causal, yet {launch.kernel} loaded all of K for every block of queries: "

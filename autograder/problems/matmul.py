@@ -16,6 +16,7 @@ from ..problem import (
     random_tensor,
     register,
 )
+from . import traced
 
 
 def _matrix(rows: int, cols: int, transposed: bool, case: Case, gen: torch.Generator,
@@ -38,6 +39,64 @@ def _cost(case: Case) -> Cost:
     compute = {torch.float32: "tf32", torch.float16: "fp16", torch.bfloat16: "bf16"}
     return Cost(flops=2 * m * n * k, bytes=(m * k + k * n + m * n) * size,
                 dtype=compute.get(case.dtype, "fp32"))
+
+
+# --- how the answer was computed (from the interpreter's trace) ---------------------------
+
+ORDER_CASE = "traced for the order of its programs"
+
+
+def grouped_program_order(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    """matmul/grouped: programs take their tiles in grouped order, whatever the tile size:
+    read from which tile of C each program stored, in launch order."""
+    launch = next((launch for launch in reversed(launches)
+                   if traced.bytes_moved([launch], output, "store")), None)
+    if launch is None or case.note != ORDER_CASE:
+        return ""
+    tiles = traced.tiles_in_launch_order(launch, output)
+    tiles_m, tiles_n = 1 + max(m for m, _ in tiles), 1 + max(n for _, n in tiles)
+    group = traced.group_of(tiles)
+    if group is not None and 1 < group < tiles_m:
+        return ""
+    where = f"({tiles_m} × {tiles_n} tiles of C at {case.label})"
+    if group == 1:
+        return (f"the programs take their tiles in row-major order {where}: program 1 computes "
+                "the tile right of program 0's. Grouped order walks GROUP_M rows of tiles "
+                "down a column before moving right, so that programs running at once share "
+                "rows of A and columns of B")
+    if group == tiles_m:
+        return (f"the programs walk down whole columns of tiles {where}: one group as tall as "
+                "C; make groups of GROUP_M rows of tiles, fewer than the rows of tiles")
+    return (f"the programs take their tiles in neither row-major nor grouped order {where}: "
+            f"program 1 computes tile {tiles[1]}, program 2 tile {tiles[2]}")
+
+
+def written_once(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    """matmul/epilogue: C is stored once. A second kernel (or a second pass) for the bias
+    and ReLU stores it again, after reading it back."""
+    stored = traced.requested(launches, "store")
+    needed = output.numel() * output.element_size()
+    if stored <= needed:
+        return ""
+    return (f"stores {stored / needed:.2f}× the bytes of C: C is written, then read back and "
+            "written again for the bias and ReLU. Apply them to the tile while it is still "
+            "in registers, before its one store (the epilogue)")
+
+
+def tensor_core_work(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    """matmul/tensor_core: the tensor cores do the multiplication — all of its FLOPs are in
+    tl.dot, and fp32 tiles go in as TF32, not IEEE fp32 on the CUDA cores."""
+    m, n, k = case.sizes["m"], case.sizes["n"], case.sizes["k"]
+    dots = [dot for launch in launches for dot in launch.dots]
+    if any(dot.operand == "fp32" and dot.input_precision == "ieee" for dot in dots):
+        return ("tl.dot with input_precision=\"ieee\" multiplies fp32 on the CUDA cores, about "
+                "15× slower than the tensor cores: leave the default (TF32) for fp32 tiles")
+    flops = sum(2 * dot.m * dot.n * dot.k for dot in dots)
+    if flops < 2 * m * n * k:
+        return (f"its tl.dot calls do {flops / (2 * m * n * k):.0%} of the {2 * m * n * k:,} "
+                "FLOPs of this product: the multiplication must run in tl.dot, on the tensor "
+                "cores, not in elementwise arithmetic")
+    return ""
 
 
 MATMUL_OPS = frozenset({"mm", "matmul", "addmm", "bmm", "baddbmm", "dot", "einsum", "linear",
@@ -118,7 +177,9 @@ _matmul_problem(
         Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
         # 5 rows of tiles in groups of 4: the last group has one row; 3 columns of tiles.
         Case({"m": 300, "n": 130, "k": 64}, torch.float32, note="a short last group"),
-        Case({"m": 512, "n": 512, "k": 512}, torch.float32, note="traced for traffic"),
+        # At least 16 rows of tiles (BLOCK_M up to 256) and 2 columns (BLOCK_N up to 256):
+        # enough for the order of the programs to show, with groups of 8 or fewer.
+        Case({"m": 4096, "n": 384, "k": 32}, torch.float16, note=ORDER_CASE),
     ],
     gpu_cases=[
         Case({"m": 2048, "n": 1536, "k": 1000}, torch.float16, transposed=("b",)),
@@ -128,9 +189,9 @@ _matmul_problem(
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
     ],
     levels=Levels(passing=0.3, good=0.5, excellent=0.7),
-    # At 512³ on a card with a 256 KiB L2 and 8 SMs, row-major order moves 3.3× the
-    # compulsory bytes; groups of 4 rows of tiles, 2.3×.
-    structure=Structure(dram_over_compulsory=2.8, l2_bytes=256 * 1024, sm_count=8),
+    # Graded on the order itself, which tile each program takes (on a CPU, from the
+    # trace): the traffic it saves depends on the tile size and the L2, the order does not.
+    trace_check=grouped_program_order,
     tf32_on_gpu=True,
     hints=("Programs that run at the same time should share rows of A and columns of B: "
            "number the tiles down a group of GROUP_M rows before moving one column right.",
@@ -203,6 +264,7 @@ _matmul_problem(
     ],
     **AT_LIBRARY_SPEED,
     structure=Structure(tensor_cores=True),
+    trace_check=tensor_core_work,
     hints=("The kernel is step 3's; what changes is the launch: tile sizes, warps and "
            "stages. Count what one program needs before choosing.",
            "A Hopper warpgroup multiplies 64×N×16 per instruction: BLOCK_M and BLOCK_N of "
@@ -228,8 +290,9 @@ _matmul_problem(
         AGAINST_CUBLAS,
     ],
     **AT_LIBRARY_SPEED,
-    # The configuration the autotuner settles on must fit an SM, in every dtype.
-    structure=Structure(tile_fit=True),
+    # The configuration the autotuner settles on must fit an SM, in every dtype; and the
+    # launches go through @triton.autotune.
+    structure=Structure(tile_fit=True, autotuned=True),
     hints=("Offer the autotuner a handful of triton.Config: big tiles for big problems, "
            "narrow ones for skinny problems, and several warps/stages per tile size.",
            "Each config is triton.Config({'BLOCK_M': ..., 'BLOCK_N': ..., 'BLOCK_K': ..., "
@@ -273,7 +336,7 @@ register(Problem(
     library_ops=MATMUL_OPS | {"add", "add_", "relu", "relu_", "clamp", "clamp_min",
                               "maximum", "threshold", "where"},
     tolerances=MATMUL_TOLERANCES, levels=Levels(passing=0.3, good=0.5, excellent=0.7),
-    tf32_on_gpu=True,
+    tf32_on_gpu=True, trace_check=written_once,
     hints=("The tile of C is still in registers after the K loop: add the bias there and "
            "apply relu before the store, in `epilogue`.",
            "The bias has one value per column of C: load bias_ptr + rn (masked), and add it "

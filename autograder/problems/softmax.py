@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..problem import Case, Cost, Levels, Problem, Structure, random_tensor, register
+from . import traced
 
 # What a wrong softmax looks like, and why: the engine adds this to a failing case.
 OVERFLOW = ("exp overflows for inputs above ~88.7 (fp32): subtract the row max before exp; "
@@ -53,6 +54,31 @@ def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> st
                 "wrong. Masked lanes must add nothing (load them as -inf); in one pass over "
                 "a long row, rescale the running sum by exp(m_old - m_new) whenever the "
                 "running max grows")
+    return ""
+
+
+def online_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    """softmax/online, from the trace: the row is walked in blocks, the statistics take
+    one pass over x (the max and the sum together), and nothing the size of x is kept in
+    memory between passes."""
+    (x,) = inputs
+    m, n = case.sizes["m"], case.sizes["n"]
+    x_bytes, y_bytes = m * n * x.element_size(), output.numel() * output.element_size()
+    loaded = traced.bytes_moved(launches, x, "load")
+    if loaded > 2 * x_bytes:
+        return (f"reads x {loaded / x_bytes:.1f} times: the max and the sum in passes of their "
+                "own. One pass over the blocks of a row can keep both (rescale the running "
+                "sum whenever the max grows); a second writes the output")
+    beyond = traced.requested(launches) - loaded - y_bytes
+    if beyond > 64 * m:  # a few numbers a row (a max, a sum) are fine; a copy of x is not
+        return (f"moves {beyond:,} bytes besides reading x and writing the output, "
+                f"{beyond / x_bytes:.1f}× the size of x: an intermediate kept in memory "
+                "between passes. Keep the running max and sum in registers")
+    widest = traced.widest_load(launches, x)
+    if n > 2048 and widest >= n:
+        return (f"loads a whole row ({n:,} elements) at once: that is the fused softmax "
+                "(softmax/fused). This exercise is for rows longer than any block: walk each "
+                "row in blocks of a fixed size, up to 2048 elements here")
     return ""
 
 
@@ -123,6 +149,7 @@ _softmax_problem(
     # best. The course's kernel (blocks of 1024) reached 43% on an H200: the bar leaves it
     # a margin of 10% of the bar, and `rooflab bench softmax` times wider blocks.
     levels=Levels(passing=0.35, good=0.5, excellent=0.6),
+    trace_check=online_structure,
     hints=("Walk the row in blocks. Keep two scalars: m, the max so far, and d, the sum of "
            "exp(x - m) so far. A second loop writes exp(x - m) / d.",
            "When a block raises the max from m to m_new, every term already in d was "
