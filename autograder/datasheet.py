@@ -26,6 +26,11 @@ class Card:
     sm_count: int = 0
     pattern: str = ""  # regex matched against torch.cuda.get_device_name()
     shared_memory: int = 0  # bytes of shared memory one block may use
+    # What one SM holds at once (CUDA's occupancy limits for the compute capability):
+    # 64 warps and 32 blocks on Hopper and A100, 48 and 16 on A10G, 48 and 24 on Ada, 32 and
+    # 16 on Turing.
+    warps_per_sm: int = 64
+    programs_per_sm: int = 32
 
     def peak_flops(self, dtype: str) -> float | None:
         return self.flops.get(dtype)
@@ -40,24 +45,29 @@ CARDS: dict[str, Card] = {
         Card("H100 PCIe", 2.0e12, {"fp32": 51.2 * T, "tf32": 378 * T, "fp16": 756 * T,
              "bf16": 756 * T, "fp8": 1513 * T}, 50 << 20, 114, r"H100.*PCIe",
              shared_memory=227 << 10),
+        # The H200 enables 60 MiB of GH100's L2 (the card reports it), the H100s 50 MiB.
         Card("H200", 4.8e12, {"fp32": 67 * T, "tf32": 494.7 * T, "fp16": 989.4 * T,
-             "bf16": 989.4 * T, "fp8": 1978.9 * T}, 50 << 20, 132, r"(?<!G)H200",
+             "bf16": 989.4 * T, "fp8": 1978.9 * T}, 60 << 20, 132, r"(?<!G)H200",
              shared_memory=227 << 10),
         Card("A100 80GB", 2.039e12, {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
              "bf16": 312 * T}, 40 << 20, 108, r"A100.*80\s*GB", shared_memory=163 << 10),
         Card("A100 40GB", 1.555e12, {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T,
              "bf16": 312 * T}, 40 << 20, 108, r"A100", shared_memory=163 << 10),
         Card("L40S", 0.864e12, {"fp32": 91.6 * T, "tf32": 183 * T, "fp16": 362 * T,
-             "bf16": 362 * T}, 96 << 20, 142, r"L40S", shared_memory=99 << 10),
+             "bf16": 362 * T}, 96 << 20, 142, r"L40S", shared_memory=99 << 10,
+             warps_per_sm=48, programs_per_sm=24),
         Card("L4", 0.3e12, {"fp32": 30.3 * T, "tf32": 60 * T, "fp16": 121 * T,
-             "bf16": 121 * T}, 48 << 20, 58, r"\bL4\b", shared_memory=99 << 10),
+             "bf16": 121 * T}, 48 << 20, 58, r"\bL4\b", shared_memory=99 << 10,
+             warps_per_sm=48, programs_per_sm=24),
         Card("A10G", 0.6e12, {"fp32": 31.2 * T, "tf32": 62.5 * T, "fp16": 125 * T,
-             "bf16": 125 * T}, 6 << 20, 80, r"A10G?\b", shared_memory=99 << 10),
+             "bf16": 125 * T}, 6 << 20, 80, r"A10G?\b", shared_memory=99 << 10,
+             warps_per_sm=48, programs_per_sm=16),
         Card("RTX 4090", 1.008e12, {"fp32": 82.6 * T, "tf32": 82.6 * T, "fp16": 165.2 * T,
-             "bf16": 165.2 * T}, 72 << 20, 128, r"4090", shared_memory=99 << 10),
+             "bf16": 165.2 * T}, 72 << 20, 128, r"4090", shared_memory=99 << 10,
+             warps_per_sm=48, programs_per_sm=24),
         # Turing has neither TF32 nor BF16 matrix units.
         Card("T4", 0.32e12, {"fp32": 8.1 * T, "fp16": 65 * T}, 4 << 20, 40, r"\bT4\b",
-             shared_memory=64 << 10),
+             shared_memory=64 << 10, warps_per_sm=32, programs_per_sm=16),
     ]
 }
 

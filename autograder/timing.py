@@ -67,13 +67,16 @@ def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
     """``do_bench``'s call shape for ``@triton.autotune`` on a CPU, answering with the
     traffic model's predicted time (ms) on the target card instead of a measurement: timing
     the interpreter would pick whatever interprets fastest, which says nothing about a GPU.
-    Counts the FLOPs of every ``tl.dot`` in waves of programs over the SMs, the DRAM and L2
-    traffic of every access, and makes a config whose tile would not fit an SM (shared
-    memory, registers) infinitely slow. Warps and stages beyond that fit are not modelled."""
+    Traces ``fn()`` keeping only each access's footprint and predicts with
+    ``time_model``: each launch's fixed cost, its DRAM and L2 traffic, its ``tl.dot``
+    FLOPs in waves of programs over the SMs, the dependent steps of loops without
+    ``tl.dot``; a config whose tile would not fit an SM (shared memory, registers) is
+    infinitely slow. Beyond that fit, ``num_stages`` and ``num_warps`` only change how many
+    programs an SM holds at once."""
     from . import matrix_units, roofline, traffic
     from .trace import tracing
 
-    with tracing() as tracer:
+    with tracing(keep_lanes=False) as tracer:
         fn()
     launches = tracer.launches
     ceilings, card = roofline.target(None)
@@ -82,19 +85,36 @@ def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
     if any(dot and matrix_units.misfits(launch, dot, rules) for launch, dot in dots):
         ms = float("inf")
     else:
+        from .time_model import dot_dtype
+
         flops = sum(2 * d.m * d.n * d.k for launch in launches for d in launch.dots)
-        operand = next((d.operand for _, d in dots if d), "fp32")
-        compute = operand if operand in ("fp16", "bf16") else "tf32"
-        compulsory = sum(t.extent for launch in launches for t in launch.tensors)
-        predicted = traffic.predict(launches, flops, compulsory, compute, ceilings, card)
-        # A program runs on one SM: with fewer programs than SMs, or a last partial wave,
-        # part of the chip idles. This is what makes small tiles win on small problems.
-        programs = sum(launch.programs for launch in launches)
-        sms = card.sm_count or 1
-        waves = -(-programs // sms)
-        per_program = flops / programs / (ceilings.peak_flops(compute) / sms)
-        ms = max(predicted.seconds, waves * per_program) * 1e3
+        dtype = next((dot_dtype(d) for _, d in dots if d), "fp32")
+        reports = [traffic.analyze(launch, card) for launch in launches]
+        predicted = traffic.prediction(reports, flops, compulsory_bytes(reports, launches),
+                                       dtype, ceilings, card)
+        ms = predicted.seconds * 1e3
     return [ms] * len(quantiles) if quantiles else ms
+
+
+def compulsory_bytes(reports: list, launches: list) -> int:
+    """The bytes the traced work must move at least: every distinct tensor argument a
+    launch touched, once (a tensor passed twice counts once), except intermediates, which
+    one launch writes and a later one reads back: those need not leave the chip."""
+    role: dict[tuple[int, int], str] = {}  # input, output or intermediate
+    extent: dict[tuple[int, int], int] = {}
+    for report, launch in zip(reports, launches, strict=True):
+        for tensor in launch.tensors:
+            counts = report.per_tensor[tensor.name]
+            read, written = counts.read_refs > 0, counts.written > 0
+            if not (read or written):
+                continue
+            key = (tensor.base, tensor.extent)
+            extent[key] = tensor.extent
+            if key not in role:
+                role[key] = "input" if read else "output"
+            elif role[key] == "output" and read:
+                role[key] = "intermediate"
+    return sum(extent[key] for key, kind in role.items() if kind != "intermediate")
 
 
 def autotune_bench() -> Callable | None:

@@ -6,6 +6,9 @@ descriptors all end there), atomic read-modify-writes and compare-and-swaps. Whi
 ``tracing()`` is active those methods are wrapped to note, for each access, which program
 made it, the absolute addresses of its lanes, which lanes were active, and the element
 size; lanes that point outside every tensor argument are recorded but not performed.
+A long trace need not keep its lanes: ``tracing(keep_lanes=False)`` reduces each access, as
+it happens, to the sectors and byte counts the traffic model needs (``traffic.Footprint``),
+a few bytes per sector touched instead of nine per lane.
 The builder is private to Triton and its method signatures differ between versions (3.6
 passes an eviction policy that 3.9 does not), so only the leading arguments, which all
 supported versions share, are read. When tracing is off nothing is wrapped: it costs
@@ -68,6 +71,9 @@ class Launch:
     dots: list[Dot] = field(default_factory=list)
     # Integer launch arguments by name: sizes, strides, BLOCK_*, num_warps, num_stages.
     options: dict[str, int] = field(default_factory=dict)
+    # Each access reduced to what the traffic model needs (traffic.Footprint), in the order
+    # made: filled as they happen when the lanes are not kept, else on first analysis.
+    footprints: list = field(default_factory=list)
 
     @property
     def programs(self) -> int:
@@ -106,10 +112,13 @@ def _grid(grid, names: list[str], args: tuple, kwargs: dict) -> tuple[int, int, 
 
 
 class Tracer:
-    """Collects launches while active. Not thread-safe: the interpreter is single-threaded."""
+    """Collects launches while active. Not thread-safe: the interpreter is single-threaded.
+    With ``keep_lanes=False`` each access is reduced to its footprint as it is made, and
+    ``Launch.accesses`` stays empty."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_lanes: bool = True) -> None:
         self.launches: list[Launch] = []
+        self.keep_lanes = keep_lanes
         self._current: Launch | None = None
 
     def _inside(self, ptrs):
@@ -142,15 +151,25 @@ class Tracer:
 
         x, y, z = builder.grid_idx
         nx, ny, _ = builder.grid_dim
-        addresses = np.array(ptrs.data, dtype=np.uint64, copy=True)
+        # Kept lanes are copied, to outlive the interpreter's arrays; a footprint is taken
+        # at once, so it reads them in place.
+        addresses = (np.array(ptrs.data, dtype=np.uint64, copy=True) if self.keep_lanes
+                     else np.asarray(ptrs.data, dtype=np.uint64))
         if active is None:
             active_lanes = np.ones(addresses.shape, dtype=bool)
         else:
             active_lanes = np.broadcast_to(np.asarray(active.data, dtype=bool),
-                                           addresses.shape).copy()
+                                           addresses.shape)
+            if self.keep_lanes:
+                active_lanes = active_lanes.copy()
         size = ptrs.get_element_ty().primitive_bitwidth // 8
-        self._current.accesses.append(Access(kind, x + nx * (y + ny * z), addresses,
-                                             active_lanes, size))
+        access = Access(kind, x + nx * (y + ny * z), addresses, active_lanes, size)
+        if self.keep_lanes:
+            self._current.accesses.append(access)
+        else:
+            from .traffic import footprint
+
+            self._current.footprints.append(footprint(access, self._current.tensors))
 
 
 # Active tracers, innermost last: a tracing() nested in another (an autotuner predicting
@@ -159,9 +178,11 @@ _tracers: list[Tracer] = []
 
 
 @contextlib.contextmanager
-def tracing() -> Iterator[Tracer]:
-    """Record the memory accesses of every interpreted launch inside the ``with`` block."""
-    tracer = Tracer()
+def tracing(keep_lanes: bool = True) -> Iterator[Tracer]:
+    """Record the memory accesses of every interpreted launch inside the ``with`` block:
+    every lane (``keep_lanes``, for pictures and checks that read addresses), or only each
+    access's footprint (bounded memory, for large traces that only need the model)."""
+    tracer = Tracer(keep_lanes)
     if _tracers:  # the hooks are in place: just become the innermost tracer
         _tracers.append(tracer)
         try:

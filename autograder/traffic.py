@@ -5,34 +5,161 @@ From the accesses ``trace.py`` records, per launch:
 * requested bytes: active lanes × element size, for loads and stores;
 * transactions: lanes grouped 32 at a time along the block's contiguous axis (as Triton's
   layouts group threads into warps), each group costing the distinct 32-byte sectors it
-  touches; sector efficiency = requested bytes / (sectors × 32);
+  touches; sector efficiency = requested bytes / (sectors × 32). A store transaction that
+  writes only part of its sector is *partial*: L2 has to merge it into the sector;
 * DRAM traffic, three ways: no reuse between programs (each program's distinct sectors,
   summed), a perfect cache (the grid's distinct sectors), and an estimate from an L2 of the
   target card's size, with programs resident in waves of its SM count, in launch order;
+* the dependent steps ("rounds") each program takes: a load of a tensor that the current
+  round has already loaded starts the next round, as each iteration of a loop does;
 * out-of-bounds accesses (an active lane outside every tensor argument) and races (two
   programs storing to one address without an atomic).
 
+Each access is first reduced to a ``Footprint``: its sectors and byte counts without its
+lanes. The analysis is numpy work per access, never Python work per lane, and a long trace
+taken with ``tracing(keep_lanes=False)`` holds only footprints. ``predict`` turns the
+counts into a time on a card with ``time_model``.
+
 What it leaves out: caches other than L2 (L1, shared memory), the layouts the compiler
-actually picks, vector widths, latency and occupancy. It is a model of bytes, not a clock.
+actually picks, vector widths, register pressure.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import time_model
 from .datasheet import Card
-from .trace import Access, Launch
+from .time_model import L2_OVER_DRAM, LaunchTime  # noqa: F401  (L2_OVER_DRAM: for the labs)
+from .trace import Access, Dot, Launch, TensorArg
 
 SECTOR = 32
 WARP = 32
-# Bytes move between L2 and the SMs in sectors; that path is faster than DRAM but not
-# free. Published microbenchmarks put L2 bandwidth at roughly 2-3x DRAM bandwidth on
-# Ampere and Hopper: we take 2.5x, so a kernel that wastes most of every sector it touches
-# is slow even when L2 merges its traffic before DRAM sees it.
-L2_OVER_DRAM = 2.5
+_TENSOR_SHIFT = 40  # sector id = tensor index << 40 | sector within the tensor
+
+
+# --- One access -------------------------------------------------------------------------
+
+
+@dataclass
+class Footprint:
+    """One access reduced to what the model needs. Per tensor argument (in launch order):
+    the bytes requested and the transactions (distinct sectors per group of 32 lanes).
+    Then the store transactions that write only part of their sector, the distinct sectors
+    touched (for DRAM), and for the checks the first lane outside every tensor and the
+    addresses a store wrote."""
+
+    kind: str  # "load", "store" or "atomic"
+    program: int
+    requested: np.ndarray  # bytes, per tensor
+    transactions: np.ndarray  # per tensor
+    partial: int  # store transactions that write part of their sector
+    sectors: np.ndarray  # distinct sector ids (int64), tensor index in the high bits
+    outside: int | None = None  # address of the first active lane outside every tensor
+    stored: np.ndarray | None = None  # distinct addresses a store wrote, inside the tensors
+
+    @property
+    def touched(self) -> int:
+        """The tensors this access reached, as a bit mask."""
+        return sum(1 << int(i) for i in np.flatnonzero(self.requested))
+
+
+def _contiguous_axis(addresses: np.ndarray) -> int | None:
+    """The axis of a block along which addresses advance least: Triton walks threads (and
+    groups them into warps) along it. None for a 0- or 1-D block."""
+    if addresses.ndim <= 1:
+        return None
+    steps = []
+    for axis in range(addresses.ndim):
+        if addresses.shape[axis] < 2:
+            steps.append(np.inf)
+            continue
+        first = np.take(addresses, 0, axis=axis).astype(np.int64)
+        second = np.take(addresses, 1, axis=axis).astype(np.int64)
+        step = float(np.median(np.abs(second - first)))
+        steps.append(step if step > 0 else np.inf)
+    return int(np.argmin(steps))
+
+
+def _owners(addresses: np.ndarray, tensors: list[TensorArg]) -> np.ndarray:
+    """For each lane, the index of the first tensor argument it falls in, or -1."""
+    owner = np.full(addresses.shape, -1, dtype=np.int64)
+    for index, tensor in enumerate(tensors):
+        owner[(owner < 0) & tensor.contains(addresses)] = index
+    return owner
+
+
+def footprint(access: Access, tensors: list[TensorArg]) -> Footprint:
+    """Reduce one access to its footprint. Sectors are counted from each tensor's base, as
+    allocations are aligned."""
+    count = len(tensors)
+    owner = _owners(access.addresses, tensors)
+    valid = access.active & (owner >= 0)
+    stray = access.active & (owner < 0)
+    outside = int(access.addresses[stray][0]) if stray.any() else None
+    axis = _contiguous_axis(access.addresses)
+    if axis is not None:  # lanes in warp order: the contiguous axis last
+        addresses, owner, valid = (np.moveaxis(a, axis, -1) for a in
+                                   (access.addresses, owner, valid))
+    else:
+        addresses = access.addresses
+    addresses, owner, valid = addresses.reshape(-1), owner.reshape(-1), valid.reshape(-1)
+    bases = np.array([t.base for t in tensors], dtype=np.uint64)
+    mine = owner[valid]
+    sector = np.full(addresses.shape, -1, dtype=np.int64)
+    sector[valid] = ((addresses[valid] - bases[mine]) // SECTOR).astype(np.int64) \
+        + (mine << _TENSOR_SHIFT)
+    distinct, lanes = _warp_transactions(sector)
+    writes = access.kind != "load"
+    size = access.element_size
+    return Footprint(
+        kind=access.kind,
+        program=access.program,
+        requested=np.bincount(mine, minlength=count) * size,
+        transactions=np.bincount(distinct >> _TENSOR_SHIFT, minlength=count),
+        partial=int(np.count_nonzero(lanes * size < SECTOR)) if writes else 0,
+        sectors=_distinct(distinct),
+        outside=outside,
+        stored=_distinct(addresses[valid]) if access.kind == "store" else None,
+    )
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values, by sorting (numpy's hashing unique is slower on the small,
+    nearly sorted arrays one access makes)."""
+    values = np.sort(values)
+    keep = np.ones(values.shape, dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
+
+
+def _warp_transactions(sector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group lanes 32 at a time; for each distinct sector a group touches (one
+    transaction), its id and how many of the group's lanes fall in it. -1 marks a lane
+    that moves nothing."""
+    pad = (-len(sector)) % WARP
+    groups = np.sort(np.concatenate([sector, np.full(pad, -1, np.int64)]).reshape(-1, WARP),
+                     axis=1).reshape(-1)
+    starts = np.ones(groups.shape, dtype=bool)
+    starts[1:] = groups[1:] != groups[:-1]
+    starts[::WARP] = True  # a new group starts a new run
+    lanes = np.bincount(np.cumsum(starts) - 1)
+    ids = groups[starts]
+    moved = ids >= 0
+    return ids[moved], lanes[moved]
+
+
+def footprints(launch: Launch) -> list[Footprint]:
+    """The launch's accesses as footprints: those recorded without lanes, or computed from
+    the lanes once and kept."""
+    if launch.accesses and not launch.footprints:
+        launch.footprints = [footprint(a, launch.tensors) for a in launch.accesses]
+    return launch.footprints
+
+
+# --- One launch -------------------------------------------------------------------------
 
 
 @dataclass
@@ -40,6 +167,10 @@ class TensorTraffic:
     name: str
     requested: int = 0  # bytes
     sectors: int = 0  # transactions, summed over warp groups
+    read_refs: int = 0  # distinct sectors read per wave of programs, summed over waves
+    read_distinct: int = 0  # distinct sectors read by the launch
+    read_misses: int = 0  # sectors read from DRAM, with the L2 model
+    written: int = 0  # distinct sectors written: each is written back to DRAM once
 
     @property
     def efficiency(self) -> float:
@@ -54,19 +185,43 @@ class TrafficReport:
     requested_store: int = 0
     load_sectors: int = 0
     store_sectors: int = 0
+    partial_store_sectors: int = 0  # store transactions that write part of their sector
     dram_no_reuse: int = 0  # bytes
     dram_perfect_cache: int = 0  # bytes
-    dram_estimate: int = 0  # bytes, with the L2 model
     per_program: np.ndarray = field(default_factory=lambda: np.zeros(0))  # DRAM bytes, no reuse
     per_tensor: dict[str, TensorTraffic] = field(default_factory=dict)
     out_of_bounds: list[str] = field(default_factory=list)
     races: list[str] = field(default_factory=list)
     l2_bytes: int = 0
     sm_count: int = 0
+    rounds: int = 0  # dependent steps, summed over programs
+    flops: float = 0.0  # of the launch's tl.dot calls
+    dot: Dot | None = None  # the tile every program multiplies (matrix_units.main_dot)
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def programs(self) -> int:
+        x, y, z = self.grid
+        return x * y * z
 
     @property
     def requested(self) -> int:
         return self.requested_load + self.requested_store
+
+    @property
+    def read_misses(self) -> int:
+        return sum(t.read_misses for t in self.per_tensor.values())
+
+    @property
+    def written_sectors(self) -> int:
+        return sum(t.written for t in self.per_tensor.values())
+
+    @property
+    def dram_estimate(self) -> int:
+        """DRAM bytes with the L2 model: sectors read from DRAM, and every distinct sector
+        written, written back once."""
+        return (self.read_misses + self.written_sectors) * SECTOR
 
     @property
     def sector_efficiency(self) -> float:
@@ -85,6 +240,9 @@ class TrafficReport:
         for t in self.per_tensor.values():
             out.append(f"    {t.name}: {t.requested:,} B in {t.sectors:,} sectors, "
                        f"{t.efficiency:.1%} used")
+        if self.partial_store_sectors:
+            out.append(f"  {self.partial_store_sectors:,} of the stored sectors only partly "
+                       "written: L2 merges each one separately")
         out.append(f"  DRAM bytes: {self.dram_estimate:,} estimated with a "
                    f"{self.l2_bytes / 2**20:g} MiB L2 and {self.sm_count} SMs "
                    f"(between {self.dram_perfect_cache:,} with a perfect cache and "
@@ -94,168 +252,212 @@ class TrafficReport:
         return out
 
 
-def _contiguous_last(addresses: np.ndarray, active: np.ndarray):
-    """Reorder a block so its contiguous axis is last: Triton walks threads along it."""
-    if addresses.ndim <= 1:
-        return addresses.reshape(-1), active.reshape(-1)
-    steps = []
-    for axis in range(addresses.ndim):
-        if addresses.shape[axis] < 2:
-            steps.append(np.inf)
+def analyze(launch: Launch, card: Card, l2_bytes: int | None = None,
+            sm_count: int | None = None) -> TrafficReport:
+    """The traffic report of one launch on ``card`` (its L2 size and SM count, unless
+    given: a small L2 shows at CPU sizes what a real one shows at GPU sizes). Each launch
+    starts with a cold L2."""
+    from .matrix_units import DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, main_dot
+
+    l2 = l2_bytes if l2_bytes is not None else card.l2_bytes
+    sms = sm_count if sm_count is not None else card.sm_count
+    prints = footprints(launch)
+    report = TrafficReport(
+        launch.kernel, launch.grid, l2_bytes=l2, sm_count=sms,
+        per_tensor={t.name: TensorTraffic(t.name) for t in launch.tensors},
+        rounds=_rounds(prints), flops=sum(2.0 * d.m * d.n * d.k for d in launch.dots),
+        dot=main_dot(launch), num_warps=launch.options.get("num_warps", DEFAULT_NUM_WARPS),
+        num_stages=launch.options.get("num_stages", DEFAULT_NUM_STAGES))
+    report.out_of_bounds, report.races = _violations(launch, prints)
+    _count_requests(report, launch, prints)
+    _count_dram(report, launch, prints, max(l2 // SECTOR, 1), max(sms, 1))
+    return report
+
+
+def _count_requests(report: TrafficReport, launch: Launch, prints: list[Footprint]) -> None:
+    """Requested bytes and transactions, by loads and stores and by tensor."""
+    count = len(launch.tensors)
+    requested, transactions = np.zeros((2, count), np.int64), np.zeros((2, count), np.int64)
+    for f in prints:
+        writes = int(f.kind != "load")  # stores and atomics write
+        requested[writes] += f.requested
+        transactions[writes] += f.transactions
+        report.partial_store_sectors += f.partial
+    report.requested_load, report.requested_store = (int(r) for r in requested.sum(axis=1))
+    report.load_sectors, report.store_sectors = (int(t) for t in transactions.sum(axis=1))
+    for index, tensor in enumerate(report.per_tensor.values()):
+        tensor.requested = int(requested[:, index].sum())
+        tensor.sectors = int(transactions[:, index].sum())
+
+
+def _count_dram(report: TrafficReport, launch: Launch, prints: list[Footprint],
+                capacity: int, sms: int) -> None:
+    """DRAM traffic with no reuse, a perfect cache, and an L2 of ``capacity`` sectors that
+    programs fill in waves of ``sms``: reads miss in its LRU; every distinct sector written
+    is written back once. A sector read and a sector written are separate transfers."""
+    z, y, x = launch.grid[2], launch.grid[1], launch.grid[0]
+    report.per_program = np.zeros((z, y, x))
+    sizes = np.fromiter((f.sectors.size for f in prints), np.int64, len(prints))
+    if not sizes.sum():
+        return
+    sector = np.concatenate([f.sectors for f in prints])
+    program = np.repeat(np.fromiter((f.program for f in prints), np.int64, len(prints)), sizes)
+    write = np.repeat(np.fromiter((f.kind != "load" for f in prints), bool, len(prints)), sizes)
+    distinct, dense = np.unique(sector, return_inverse=True)
+    keyed = dense * 2 + write
+    span = 2 * len(distinct)
+    pairs = _distinct(program * span + keyed)  # (program, sector, read or write), once each
+    report.dram_no_reuse = pairs.size * SECTOR
+    report.per_program = (np.bincount(pairs // span, minlength=launch.programs)
+                          * SECTOR).reshape(z, y, x)
+    report.dram_perfect_cache = _distinct(keyed).size * SECTOR
+    # Reads, wave by wave: each wave's distinct sectors, in sector order, through the LRU.
+    reads = ~write
+    refs = _distinct(program[reads] // sms * len(distinct) + dense[reads]) % len(distinct)
+    miss = _lru_misses(refs, capacity)
+    owner = distinct >> _TENSOR_SHIFT
+
+    def per_tensor(sectors: np.ndarray) -> list[int]:
+        return np.bincount(owner[sectors], minlength=len(launch.tensors)).tolist()
+
+    counts = {"read_refs": per_tensor(refs), "read_distinct": per_tensor(_distinct(refs)),
+              "read_misses": per_tensor(refs[miss]),
+              "written": per_tensor(_distinct(dense[write]))}
+    for index, tensor in enumerate(report.per_tensor.values()):
+        for name, values in counts.items():
+            setattr(tensor, name, values[index])
+
+
+def _rounds(prints: list[Footprint]) -> int:
+    """Dependent steps, summed over programs. A program's loads join one round until a load
+    reaches a tensor the round has already loaded: that is the next iteration of a loop,
+    which waits for this one (a stencil loading one tensor several times per step counts
+    more rounds than it takes)."""
+    rounds, program, loaded = 0, None, 0
+    for f in prints:
+        if f.program != program:  # programs run one after another in the interpreter
+            program, loaded = f.program, 0
+        if f.kind != "load":
             continue
-        first = np.take(addresses, 0, axis=axis).astype(np.int64)
-        second = np.take(addresses, 1, axis=axis).astype(np.int64)
-        step = float(np.median(np.abs(second - first)))
-        steps.append(step if step > 0 else np.inf)
-    fastest = int(np.argmin(steps))
-    return (np.moveaxis(addresses, fastest, -1).reshape(-1),
-            np.moveaxis(active, fastest, -1).reshape(-1))
+        touched = f.touched
+        if not loaded or loaded & touched:
+            rounds += 1
+            loaded = touched
+        else:
+            loaded |= touched
+    return rounds
 
 
-def _transactions(sectors: np.ndarray, active: np.ndarray) -> int:
-    """Distinct sectors per group of 32 lanes, summed."""
-    pad = (-len(sectors)) % WARP
-    ids = np.where(active, sectors, -1)
-    ids = np.concatenate([ids, np.full(pad, -1, dtype=ids.dtype)]).reshape(-1, WARP)
-    ids.sort(axis=1)
-    distinct = (ids[:, 1:] != ids[:, :-1]).sum(axis=1) + 1
-    distinct -= (ids[:, 0] == -1)  # the inactive marker is not a sector
-    return int(distinct.sum())
+# --- The L2 model -----------------------------------------------------------------------
 
 
-def _place(access: Access, launch: Launch):
-    """For each lane: which tensor it falls in (-1: none) and its sector id (unique across
-    tensors; sectors are counted from each tensor's base, as allocations are aligned)."""
-    addresses, active = _contiguous_last(access.addresses, access.active)
-    owner = np.full(addresses.shape, -1, dtype=np.int64)
-    sector = np.zeros(addresses.shape, dtype=np.int64)
-    for index, tensor in enumerate(launch.tensors):
-        inside = tensor.contains(addresses) & (owner < 0)
-        owner[inside] = index
-        sector[inside] = ((addresses[inside] - np.uint64(tensor.base)).astype(np.int64)
-                          // SECTOR) + (index << 40)
-    return addresses, active, owner, sector
+def _lru_misses(refs: np.ndarray, capacity: int) -> np.ndarray:
+    """Which references miss in an LRU cache of ``capacity`` sectors (a boolean per
+    reference, ``refs`` in the order made).
+
+    A reference hits when fewer than ``capacity`` other sectors were referenced since the
+    same sector last was (its stack distance), so no cache is simulated: the distance of
+    every re-reference is counted with array operations. Most are settled by two bounds,
+    the first references in between (each is a distinct sector) and all references in
+    between; only those in the band between them need the exact count."""
+    n = refs.size
+    order = np.argsort(refs, kind="stable")
+    again = refs[order[1:]] == refs[order[:-1]]
+    prev = np.full(n, -1, dtype=np.int64)
+    prev[order[1:][again]] = order[:-1][again]  # the sector's previous reference
+    first = prev < 0
+    if np.count_nonzero(first) <= capacity:  # it all fits: only first references miss
+        return first
+    miss = first.copy()
+    reref = np.flatnonzero(~first)
+    if not reref.size:
+        return miss
+    last = prev[reref]
+    firsts_seen = np.cumsum(first)
+    firsts_between = firsts_seen[reref - 1] - firsts_seen[last]
+    unsure = (reref - last - 1 >= capacity) & (firsts_between < capacity)
+    miss[reref] = firsts_between >= capacity
+    if unsure.any():
+        # Distinct sectors between = first references between + re-references between
+        # whose sector was last referenced before ``last``; the latter are those counted by
+        # _smaller_before, less the re-references up to ``last`` (all of them qualify).
+        distance = (firsts_between + _smaller_before(last)
+                    - np.searchsorted(reref, last, side="right"))
+        miss[reref[unsure]] = distance[unsure] >= capacity
+    return miss
 
 
-def _describe_oob(access: Access, launch: Launch, address: int, grid) -> str:
-    nx, ny, _ = grid
-    p = access.program
+def _smaller_before(values: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements are smaller: a bottom-up merge sort
+    that counts, for each element of a right half, the smaller ones in its left half."""
+    n = values.size
+    counts = np.zeros(n, dtype=np.int64)
+    position = np.arange(n)  # where each element of the sorted runs came from
+    runs = values - values.min()
+    span = int(runs.max()) + 1
+    index = np.arange(n)
+    width = 1
+    while width < n:
+        block = index // (2 * width)
+        right = (index // width) % 2 == 1
+        keys = block * span + runs  # sorted within each half; blocks in order
+        left = keys[~right]
+        counts[position[right]] += (np.searchsorted(left, keys[right])
+                                    - np.searchsorted(left, block[right] * span))
+        merged = np.argsort(keys, kind="stable")
+        runs, position = runs[merged], position[merged]
+        width *= 2
+    return counts
+
+
+# --- Checks -----------------------------------------------------------------------------
+
+
+def violations(launch: Launch) -> tuple[list[str], list[str]]:
+    """Out-of-bounds accesses and races, in words."""
+    return _violations(launch, footprints(launch))
+
+
+def _violations(launch: Launch, prints: list[Footprint]) -> tuple[list[str], list[str]]:
+    out_of_bounds = [_describe_oob(f, launch) for f in prints if f.outside is not None][:3]
+    stores = [(f.stored, f.program) for f in prints if f.stored is not None]
+    return out_of_bounds, _races(stores, launch)
+
+
+def _describe_oob(f: Footprint, launch: Launch) -> str:
+    nx, ny, _ = launch.grid
+    p = f.program
     program = (p % nx, (p // nx) % ny, p // (nx * ny))
+    address = f.outside
     below = [t for t in launch.tensors if t.base <= address]
     tensor = max(below, key=lambda t: t.base) if below else min(launch.tensors,
                                                                    key=lambda t: t.base)
     offset = (int(address) - tensor.base) // tensor.element_size
     size = tensor.extent // tensor.element_size
     if not -size <= offset < 2 * size + 4096:  # nowhere near any tensor: a wild pointer
-        return (f"program {program} {access.kind}s at an address far outside every tensor "
+        return (f"program {program} {f.kind}s at an address far outside every tensor "
                 "argument: check the offsets (strides swapped? a pointer added twice?)")
     where = "past its end" if offset >= size else "before its start"
     elements = "element" if size == 1 else "elements"
-    return (f"program {program} {access.kind}s {tensor.name}[{offset}], {where} "
+    return (f"program {program} {f.kind}s {tensor.name}[{offset}], {where} "
             f"({tensor.name} has {size} {elements}): a missing or wrong mask")
 
 
-def _lru_misses(waves: list[np.ndarray], capacity: int) -> int:
-    if len(np.unique(np.concatenate(waves))) <= capacity if waves else True:
-        return len(np.unique(np.concatenate(waves))) if waves else 0  # it all fits: no eviction
-    cache: OrderedDict[int, None] = OrderedDict()
-    misses = 0
-    for wave in waves:
-        for sector in wave.tolist():
-            if sector in cache:
-                cache.move_to_end(sector)
-            else:
-                misses += 1
-                cache[sector] = None
-                if len(cache) > capacity:
-                    cache.popitem(last=False)
-    return misses
-
-
-def analyze(launch: Launch, card: Card, l2_bytes: int | None = None,
-            sm_count: int | None = None) -> TrafficReport:
-    """The traffic report of one launch on ``card`` (its L2 size and SM count, unless
-    given: a small L2 shows at CPU sizes what a real one shows at GPU sizes)."""
-    l2 = l2_bytes if l2_bytes is not None else card.l2_bytes
-    sms = sm_count if sm_count is not None else card.sm_count
-    report = TrafficReport(launch.kernel, launch.grid, l2_bytes=l2, sm_count=sms,
-                           per_tensor={t.name: TensorTraffic(t.name) for t in launch.tensors})
-    report.out_of_bounds, report.races = violations(launch)
-    programs, sectors, writes = [], [], []
-    for access in launch.accesses:
-        addresses, active, owner, sector = _place(access, launch)
-        active = active & (owner >= 0)
-        requested = int(active.sum()) * access.element_size
-        transactions = _transactions(sector, active)
-        if access.kind == "load":
-            report.requested_load += requested
-            report.load_sectors += transactions
-        else:  # stores and atomics write
-            report.requested_store += requested
-            report.store_sectors += transactions
-        for index, tensor in enumerate(launch.tensors):
-            mine = active & (owner == index)
-            if mine.any():
-                report.per_tensor[tensor.name].requested += int(mine.sum()) * access.element_size
-                report.per_tensor[tensor.name].sectors += _transactions(sector, mine)
-        lanes = sector[active]
-        programs.append(np.full(lanes.shape, access.program, dtype=np.int64))
-        sectors.append(lanes)
-        writes.append(np.full(lanes.shape, access.kind != "load"))
-
-    if sectors:
-        program, sector, write = (np.concatenate(programs), np.concatenate(sectors),
-                                  np.concatenate(writes))
-        # A sector read and a sector written are separate DRAM transfers.
-        keyed = sector * 2 + write
-        per_program = np.unique(np.stack([program, keyed]), axis=1)
-        report.dram_no_reuse = per_program.shape[1] * SECTOR
-        report.per_program = np.bincount(per_program[0], minlength=launch.programs) * SECTOR
-        report.dram_perfect_cache = len(np.unique(keyed)) * SECTOR
-        # The L2 estimate: reads miss in an LRU of the card's L2, waves of `sms` programs;
-        # every distinct written sector is written back once.
-        reads = ~write
-        wave_of = program // max(sms, 1)
-        waves = [np.unique(sector[reads & (wave_of == w)]) for w in np.unique(wave_of[reads])]
-        read_misses = _lru_misses(waves, max(l2 // SECTOR, 1))
-        report.dram_estimate = (read_misses + len(np.unique(sector[write]))) * SECTOR
-    report.per_program = report.per_program.reshape(launch.grid[2], launch.grid[1],
-                                                    launch.grid[0]) if sectors else \
-        np.zeros((launch.grid[2], launch.grid[1], launch.grid[0]))
-    return report
-
-
-def violations(launch: Launch) -> tuple[list[str], list[str]]:
-    """Out-of-bounds accesses and races, in words (cheap: no cache model)."""
-    out_of_bounds = []
-    stores: list[tuple[np.ndarray, np.ndarray]] = []
-    for access in launch.accesses:
-        addresses = access.addresses.reshape(-1)
-        active = access.active.reshape(-1)
-        inside = np.zeros(addresses.shape, dtype=bool)
-        for tensor in launch.tensors:
-            inside |= tensor.contains(addresses)
-        outside = active & ~inside
-        if outside.any() and len(out_of_bounds) < 3:
-            out_of_bounds.append(_describe_oob(access, launch, addresses[outside][0],
-                                               launch.grid))
-        if access.kind == "store":
-            mine = active & inside
-            stores.append((addresses[mine], np.full(int(mine.sum()), access.program)))
-    return out_of_bounds, _races(stores, launch)
-
-
-def _races(stores: list[tuple[np.ndarray, np.ndarray]], launch: Launch) -> list[str]:
+def _races(stores: list[tuple[np.ndarray, int]], launch: Launch) -> list[str]:
+    """Addresses that two programs store to. Sorted by address, an address stored by two
+    programs has two neighbours from different programs."""
     if not stores:
         return []
     addresses = np.concatenate([a for a, _ in stores])
-    programs = np.concatenate([p for _, p in stores])
-    pairs = np.unique(np.stack([addresses.astype(np.int64), programs]), axis=1)
-    address, count = np.unique(pairs[0], return_counts=True)
-    shared = address[count > 1]
+    programs = np.repeat(np.fromiter((p for _, p in stores), np.int32, len(stores)),
+                         [a.size for a, _ in stores])
+    order = np.argsort(addresses, kind="stable")
+    addresses, programs = addresses[order], programs[order]
+    clash = (addresses[1:] == addresses[:-1]) & (programs[1:] != programs[:-1])
+    shared = _distinct(addresses[1:][clash])
     messages = []
     for addr in shared[:3].tolist():
-        who = sorted(pairs[1][pairs[0] == addr].tolist())
+        who = sorted(set(programs[addresses == addr].tolist()))
         tensor = next((t for t in launch.tensors if t.contains(np.array([addr], np.uint64))[0]),
                       None)
         where = (f"{tensor.name}[{(addr - tensor.base) // tensor.element_size}]" if tensor
@@ -269,6 +471,9 @@ def _races(stores: list[tuple[np.ndarray, np.ndarray]], launch: Launch) -> list[
     return messages
 
 
+# --- Where it would land ----------------------------------------------------------------
+
+
 @dataclass
 class Prediction:
     """Where a kernel would land on a card, from its traced traffic: a model, not a
@@ -279,9 +484,56 @@ class Prediction:
     reports: list[TrafficReport]
     compulsory: float  # bytes, from the problem's cost model
     flops: float
-    seconds: float  # predicted time
+    times: list[LaunchTime]  # per launch, from time_model
     floor_s: float  # the roofline floor of the compulsory work
-    bound: str
+    work_s: float = 0.0  # the work's FLOPs at the peak: no launch sequence runs faster
+
+    @property
+    def launch_s(self) -> float:
+        """The fixed cost of the launches, whatever they do."""
+        return sum(t.launch for t in self.times)
+
+    @property
+    def running_s(self) -> float:
+        """The launches once running: their memory, compute and latency."""
+        return max(sum(t.body for t in self.times), self.work_s)
+
+    @property
+    def seconds(self) -> float:
+        """Predicted time."""
+        return self.launch_s + self.running_s
+
+    @property
+    def bound(self) -> str:
+        """What sets the running time: "memory", "L2 transaction", "compute" or "latency"
+        (of the longest launch)."""
+        if not self.times or self.work_s > sum(t.body for t in self.times):
+            return "compute"
+        return max(self.times, key=lambda t: t.body).bound
+
+    @property
+    def traffic_s(self) -> float:
+        """What the bytes and FLOPs alone take: no launch cost, no waiting on latency."""
+        return max(sum(max(t.memory, t.compute) for t in self.times), self.work_s)
+
+    @property
+    def traffic_fraction(self) -> float:
+        return self.floor_s / self.traffic_s if self.traffic_s else 1.0
+
+    @property
+    def traffic_bound(self) -> str:
+        """What sets the time of the bytes and FLOPs alone."""
+        longest = max(self.times, key=lambda t: max(t.memory, t.compute), default=None)
+        if longest is None or self.work_s > sum(max(t.memory, t.compute) for t in self.times) \
+                or longest.compute > longest.memory:
+            return "compute"
+        return "memory" if longest.dram >= longest.l2 else "L2 transaction"
+
+    @property
+    def launch_bound(self) -> bool:
+        """The launches' fixed cost outweighs what they do: a size too small to say much
+        about a GPU's time, only about the traffic."""
+        return self.launch_s > self.running_s
 
     @property
     def dram(self) -> int:
@@ -322,6 +574,14 @@ class Prediction:
         if ratio > 1.5:
             return (f"re-reads: DRAM traffic is {ratio:.1f}× the compulsory bytes "
                     "(data is fetched again by program after program)")
+        if self.bound == "latency":
+            return ("latency-bound: each step of every program's loop waits for its loads "
+                    "(a loop without tl.dot is not pipelined); more work per step, or more "
+                    "programs in flight, would hide it")
+        if self.bound == "L2 transaction" and self.compulsory:
+            return (f"L2-bound: {self.transactions / self.compulsory:.1f}× the compulsory "
+                    "bytes cross between L2 and the multiprocessors (data read again from "
+                    "L2, or sectors written a few bytes at a time)")
         return f"{self.bound}-bound, close to what the work requires"
 
     @property
@@ -329,24 +589,33 @@ class Prediction:
         ratio = self.dram / self.compulsory if self.compulsory else float("nan")
         l2 = self.reports[0].l2_bytes if self.reports else 0
         with_l2 = f" with a {l2 / 2**20:g} MiB L2" if l2 else ""
-        return (f"predicted for {self.target} at {self.case}: {self.fraction:.0%} of roofline, "
-                f"{self.bound}-bound (sector efficiency {self.sector_efficiency:.0%}, "
-                f"DRAM {ratio:.2f}× compulsory{with_l2})")
+        traffic = (f"(sector efficiency {self.sector_efficiency:.0%}, "
+                   f"DRAM {ratio:.2f}× compulsory{with_l2})")
+        where = f"predicted for {self.target} at {self.case}"
+        if not self.launch_bound:
+            return f"{where}: {self.fraction:.0%} of roofline, {self.bound}-bound {traffic}"
+        launches = "a launch" if len(self.times) == 1 else f"{len(self.times)} launches"
+        return (f"{where}: {self.traffic_fraction:.0%} of roofline in its traffic, "
+                f"{self.traffic_bound}-bound {traffic}; at this size the fixed "
+                f"{self.launch_s * 1e6:.0f} µs of {launches} outweigh"
+                f"{'s' if len(self.times) == 1 else ''} it ({self.fraction:.0%} of roofline "
+                "in all)")
 
 
 def predict(launches: list[Launch], flops: float, compulsory: float, dtype: str,
             ceilings, card: Card, case: str = "", l2_bytes: int | None = None,
             sm_count: int | None = None) -> Prediction:
-    """Predicted time = max(flops / peak, DRAM bytes / bandwidth, L2 sector traffic /
-    (L2_OVER_DRAM × bandwidth))."""
+    """Analyse each launch on ``card`` (or an L2 / SM count given instead) and predict the
+    time on ``ceilings``. ``flops`` and ``compulsory`` are the work (FLOPs in ``dtype``,
+    bytes) that sets the roofline floor."""
     reports = [analyze(launch, card, l2_bytes, sm_count) for launch in launches]
-    prediction = Prediction(ceilings.label, case, reports, compulsory, flops, 0.0, 0.0, "")
-    times = {
-        "compute": flops / ceilings.peak_flops(dtype) if flops else 0.0,
-        "memory": prediction.dram / ceilings.bandwidth,
-        "L2 transaction": prediction.transactions / (L2_OVER_DRAM * ceilings.bandwidth),
-    }
-    prediction.bound = max(times, key=times.get)
-    prediction.seconds = times[prediction.bound]
-    prediction.floor_s = max(times["compute"], compulsory / ceilings.bandwidth)
-    return prediction
+    return prediction(reports, flops, compulsory, dtype, ceilings, card, case)
+
+
+def prediction(reports: list[TrafficReport], flops: float, compulsory: float, dtype: str,
+               ceilings, card: Card, case: str = "") -> Prediction:
+    """The prediction from analysed launches (see ``time_model`` for how)."""
+    times = [time_model.estimate(report, ceilings, card) for report in reports]
+    work_s = flops / ceilings.peak_flops(dtype) if flops else 0.0
+    floor_s = max(work_s, compulsory / ceilings.bandwidth)
+    return Prediction(ceilings.label, case, reports, compulsory, flops, times, floor_s, work_s)

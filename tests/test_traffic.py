@@ -6,12 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from rooflab.autograder import datasheet, roofline
+from rooflab.autograder import datasheet, roofline, time_model
 from rooflab.autograder.trace import tracing
 from rooflab.autograder.traffic import analyze, predict, violations
-from rooflab.kernels.matmul import matmul
+from rooflab.kernels.matmul import matmul, matmul_rows
+from rooflab.kernels.softmax import softmax_fused, softmax_naive, softmax_online
 from rooflab.kernels.strided_copy import strided_copy
 from rooflab.kernels.transpose import transpose, transpose_rows
+from rooflab.kernels.vector_add import vector_add
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="traces the interpreter")
 H100 = datasheet.get("H100 SXM")
@@ -116,18 +118,152 @@ def test_race_between_programs_is_reported():
     assert races and races[0].startswith("programs 0 and 1 both store to out_ptr[0]")
 
 
-def test_prediction_uses_dram_and_sector_traffic():
-    x = torch.randn(128, 128)
+def test_prediction_adds_l2_time_to_dram_time_and_a_fixed_cost_per_launch():
     ceilings = roofline.from_datasheet(H100)
-    cost = 2 * 128 * 128 * 4
+    bandwidth = ceilings.bandwidth
+    # Tiles: DRAM time only, at the bandwidth, plus the fixed cost of one launch, which at
+    # this size is most of it.
+    x = torch.randn(256, 512)
+    cost = 2 * x.numel() * 4
     tile = predict([traced(transpose, x, block=32)], 0, cost, "fp32", ceilings, H100)
+    assert tile.bound == "memory" and tile.traffic_fraction == pytest.approx(1.0)
+    assert tile.seconds == pytest.approx(time_model.LAUNCH_S + cost / bandwidth)
+    assert tile.launch_bound and "100% of roofline in its traffic, memory-bound" in tile.line
+    x = torch.randn(128, 128)
+    cost = 2 * 128 * 128 * 4
     rows = predict([traced(transpose_rows, x, block=128)], 0, cost, "fp32", ceilings, H100)
-    assert tile.fraction == pytest.approx(1.0)
-    assert tile.bound == "memory"
-    # 128*(16+128) sectors moved between L2 and the SMs, at 2.5x DRAM bandwidth.
+    # Rows: the same DRAM bytes, and 128 × 128 stores that each write 4 bytes of a sector,
+    # merged in L2 at PARTIAL_STORE_COST full sectors' time each.
+    (report,) = rows.reports
+    assert report.partial_store_sectors == 128 * 128
+    sector_s = 32 / (time_model.L2_OVER_DRAM * bandwidth)
+    l2_s = 128 * 128 * time_model.PARTIAL_STORE_COST * sector_s
     assert rows.bound == "L2 transaction"
-    assert rows.fraction == pytest.approx(cost / (128 * 144 * 32 / 2.5))
+    assert rows.seconds == pytest.approx(time_model.LAUNCH_S + cost / bandwidth + l2_s)
     assert "uncoalesced" in rows.bottleneck and "out_ptr: 12.5%" in rows.bottleneck
+
+
+def test_partial_stores_are_the_sectors_a_warp_writes_only_part_of():
+    ragged = analyze(traced(strided_copy, torch.randn(1001), 1, block=256), H100)
+    assert ragged.partial_store_sectors == 1  # the last sector holds one element
+    assert analyze(traced(strided_copy, torch.randn(1000), 1, block=256),
+                   H100).partial_store_sectors == 0
+    # A transpose by tiles writes whole sectors of out; by rows, 4 bytes of each.
+    x = torch.randn(64, 96)
+    assert analyze(traced(transpose, x, block=32), H100).partial_store_sectors == 0
+    assert analyze(traced(transpose_rows, x, block=32), H100).partial_store_sectors == 64 * 96
+
+
+def test_rounds_count_the_dependent_steps_of_each_programs_loop():
+    x = torch.randn(64, 96)
+    # Each program loads its row in 96 / 32 = 3 steps (the stores between do not wait).
+    assert analyze(traced(transpose_rows, x, block=32), H100).rounds == 64 * 3
+    # One step: x and y are loaded together.
+    assert analyze(traced(vector_add, torch.randn(1000), torch.randn(1000), block=256),
+                   H100).rounds == 4
+    # Online softmax walks each row twice, 3 blocks each time: 6 steps a row.
+    assert analyze(traced(softmax_online, torch.randn(5, 300), block=128), H100).rounds == 5 * 6
+    # The naive matmul loads one element of A and a block of B per step of K.
+    a, b = torch.randn(4, 40), torch.randn(40, 64)
+    assert analyze(traced(matmul_rows, a, b, block_n=32), H100).rounds == 4 * 2 * 40
+
+
+def test_a_loop_without_dot_is_latency_bound_when_each_step_does_little():
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    ceilings = roofline.from_datasheet(H100)
+    naive = predict([traced(matmul_rows, a, b)], 2 * 64**3, 3 * 64 * 64 * 4, "fp32", ceilings,
+                    H100)
+    (time,) = naive.times
+    # 64 programs fit the chip at once: one program's 64 steps, one round trip each.
+    assert time.latency == pytest.approx(64 * time_model.ROUND_TRIP_S)
+    assert naive.bound == "latency" and naive.bottleneck.startswith("latency-bound")
+    # The same loop with tl.dot is pipelined by Triton: no latency term, FLOPs instead.
+    tiled = predict([traced(matmul, a, b, block_m=32, block_n=32, block_k=32)], 0, 0, "fp32",
+                    ceilings, H100)
+    assert tiled.times[0].latency == 0 and tiled.times[0].compute > 0
+
+
+def test_a_second_read_from_l2_is_not_free():
+    x = torch.randn(8, 1024)
+    ceilings = roofline.from_datasheet(H100)
+    fused = predict([traced(softmax_fused, x)], 0, 2 * x.numel() * 4, "fp32", ceilings, H100)
+    online = predict([traced(softmax_online, x, block=256)], 0, 2 * x.numel() * 4, "fp32",
+                     ceilings, H100)
+    assert online.dram == fused.dram == 2 * x.numel() * 4  # the second read hits L2
+    (time,) = online.times
+    hits = x.numel() * 4 // 32  # the second read's sectors
+    assert time.l2 == pytest.approx(hits * 32 / (time_model.L2_OVER_DRAM * ceilings.bandwidth))
+    assert online.seconds > fused.seconds
+
+
+def test_dots_run_in_waves_of_programs_over_the_sms():
+    ceilings = roofline.from_datasheet(H100)
+    per_program = 2 * 64 * 64 * 64 / (ceilings.peak_flops("tf32") / H100.sm_count)
+
+    def compute(m: int) -> float:
+        a, b = torch.randn(m, 64), torch.randn(64, 64)
+        return predict([traced(matmul, a, b, block_m=64, block_n=64, block_k=64)], 0, 0,
+                       "tf32", ceilings, H100).times[0].compute
+
+    assert compute(64 * 132) == pytest.approx(per_program)  # one wave
+    assert compute(64 * 133) == pytest.approx(2 * per_program)  # one program more: two
+
+
+def test_lanes_need_not_be_kept_for_the_model():
+    x = torch.randn(67, 130)
+    kept = analyze(traced(transpose_rows, x, block=64), H100)
+    with tracing(keep_lanes=False) as tracer:
+        transpose_rows(x, block=64)
+    (launch,) = tracer.launches
+    assert not launch.accesses and launch.footprints
+    compact = analyze(launch, H100)
+    for name in ("requested_load", "requested_store", "load_sectors", "store_sectors",
+                 "partial_store_sectors", "dram_no_reuse", "dram_perfect_cache",
+                 "dram_estimate", "rounds"):
+        assert getattr(compact, name) == getattr(kept, name), name
+    assert np.array_equal(compact.per_program, kept.per_program)
+
+
+def test_the_l2_model_is_an_exact_lru():
+    """Stack distances, counted with arrays, against an LRU simulated one sector at a time."""
+    from collections import OrderedDict
+
+    from rooflab.autograder.traffic import _lru_misses
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        refs = np.concatenate([np.unique(rng.integers(0, 60, rng.integers(1, 25)))
+                               for _ in range(rng.integers(1, 10))])  # waves, sorted
+        capacity = int(rng.integers(1, 40))
+        cache, expected = OrderedDict(), []
+        for sector in refs.tolist():
+            expected.append(sector not in cache)
+            cache[sector] = None
+            cache.move_to_end(sector)
+            if len(cache) > capacity:
+                cache.popitem(last=False)
+        assert _lru_misses(refs, capacity).tolist() == expected
+
+
+def test_compulsory_bytes_count_each_tensor_once_and_no_intermediates():
+    from rooflab.autograder.timing import compulsory_bytes
+
+    x = torch.randn(16, 512)
+    with tracing() as tracer:
+        softmax_naive(x, block=128)
+    reports = [analyze(launch, H100) for launch in tracer.launches]
+    # x in and y out: the row maxima, sums and exponentials stay between the launches.
+    assert compulsory_bytes(reports, tracer.launches) == 2 * x.numel() * 4
+    a, b = torch.randn(64, 32), torch.randn(32, 48)
+    with tracing() as tracer:
+        matmul(a, b)  # passes c twice (as c and as the unused bias)
+    reports = [analyze(launch, H100) for launch in tracer.launches]
+    assert compulsory_bytes(reports, tracer.launches) == (64 * 32 + 32 * 48 + 64 * 48) * 4
+
+
+def test_the_h200_has_the_l2_it_reports():
+    assert datasheet.get("NVIDIA H200").l2_bytes == 60 << 20
+    assert datasheet.get("H100 SXM").l2_bytes == datasheet.get("H100 PCIe").l2_bytes == 50 << 20
 
 
 def test_tracing_off_leaves_the_interpreter_untouched():

@@ -1,0 +1,155 @@
+"""How long a traced launch would take on a card: the time model behind every prediction.
+
+The traffic model (``traffic.py``) counts what a launch asks of the memory system: DRAM
+bytes through an L2 of the card's size, sectors moved between L2 and the multiprocessors,
+stores that fill only part of a sector, the dependent steps each program takes, and the
+FLOPs of its ``tl.dot`` calls. This module turns those counts into seconds::
+
+    launch  = LAUNCH_S + max(memory, compute, latency)
+    memory  = DRAM bytes / bandwidth                          misses and write-backs
+            + L2-hit sectors x 32 B / (L2_OVER_DRAM x bandwidth)
+            + partly written sectors x PARTIAL_STORE_COST x (the same time per sector)
+    compute = ceil(programs / SMs) x one program's tl.dot FLOPs / (peak / SMs)
+    latency = ceil(programs / resident programs) x one program's dependent steps
+              x ROUND_TRIP_S                                  loops without tl.dot only
+
+A kernel's time is the sum over its launches. Memory, compute and latency overlap (a
+launch takes the longest of them), but the parts of memory add up: a sector comes either
+from DRAM or from L2, and the two streams do not hide each other. On the H200 the online
+softmax, whose second read of each row hits L2, took 1.3x as long as the fused kernel
+that reads each row once; with the larger of the two taken, that read would be free.
+
+Every constant was calibrated on an NVIDIA H200 against eleven measured workloads (the
+record is ``bench/calibration/h200-2026-11-26.json``; ``tests/test_calibration.py`` holds
+the model to it). Each one's comment says what it stands for and where its value comes
+from. What the model leaves out: L1 and shared memory as caches, the layouts the compiler
+picks, register pressure and instruction issue.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Bytes move between L2 and the SMs in 32-byte sectors; that path is faster than DRAM but
+# not free. Published microbenchmarks put Hopper's and Ampere's L2 bandwidth at roughly
+# 2-3x DRAM bandwidth: we take 2.5x (10.6 TB/s on the H200, whose 64x64-tile matmul moved
+# its tile loads at 10.1-11 TB/s).
+L2_OVER_DRAM = 2.5
+
+# Every launch costs a fixed time on top of its traffic: the launch itself, the first wave
+# ramping up and the last one draining. On the H200 the streaming kernels ran this much
+# longer than their DRAM bytes at the measured copy bandwidth: vector_add 5.5 µs,
+# softmax_naive 5.8 per launch (three launches), softmax_fused 6.1, transpose 7.0,
+# strided_copy 7.6. It dominates any kernel of a few MB.
+LAUNCH_S = 6e-6
+
+# A store that writes only part of a sector (a warp writing one element per row, as a
+# transpose that walks columns does) is a separate L2 write of a few bytes, which L2 merges
+# into the sector: it costs this many full sectors' worth of L2 time. Calibrated on the
+# H200's transpose_rows: 16.8 M one-lane stores took 277 µs beyond the kernel's DRAM time,
+# 16.5 ns each, 5.5x the 3.0 ns of a full sector at 2.5x the copy bandwidth.
+PARTIAL_STORE_COST = 5.5
+
+# A loop without tl.dot is not software-pipelined by Triton: each iteration's loads wait
+# for the last one's arithmetic, so a program takes one round trip per step, and only the
+# programs resident at once overlap. The effective round trip, calibrated on the H200's
+# matmul_rows (1024 steps per program, 8 residency waves, 740 µs): 90 ns, ~180 cycles.
+# For scale, microbenchmarks of Hopper put an L2 hit at a few hundred cycles and an L1 hit
+# at a few tens; in that kernel many loads hit L1, which the model leaves out.
+ROUND_TRIP_S = 90e-9
+
+
+@dataclass(frozen=True)
+class LaunchTime:
+    """The predicted time of one launch, term by term, in seconds."""
+
+    kernel: str
+    launch: float  # fixed cost of the launch
+    dram: float  # DRAM bytes at the bandwidth
+    l2: float  # L2 hits and partly written sectors, at the L2 rate
+    compute: float  # tl.dot FLOPs, in waves of programs over the SMs
+    latency: float  # dependent steps of loops without tl.dot
+
+    @property
+    def memory(self) -> float:
+        return self.dram + self.l2
+
+    @property
+    def body(self) -> float:
+        """The launch once running: memory, compute and latency overlap."""
+        return max(self.memory, self.compute, self.latency)
+
+    @property
+    def seconds(self) -> float:
+        return self.launch + self.body
+
+    @property
+    def bound(self) -> str:
+        """What sets the running time: "memory" (DRAM), "L2 transaction", "compute" or
+        "latency"."""
+        if self.compute >= self.memory and self.compute >= self.latency:
+            return "compute" if self.compute else "memory"
+        if self.latency > self.memory:
+            return "latency"
+        return "memory" if self.dram >= self.l2 else "L2 transaction"
+
+
+def dot_dtype(dot) -> str:
+    """The ceiling a ``tl.dot`` runs against: its 16-bit operand type, or TF32 (or plain
+    fp32 with ``input_precision="ieee"``) for fp32 operands."""
+    if dot.operand in ("fp16", "bf16"):
+        return dot.operand
+    return "fp32" if dot.input_precision == "ieee" else "tf32"
+
+
+def _peak(ceilings, dtype: str) -> float:
+    """The ceiling for ``dtype``; plain fp32 where the card has no such matrix unit (T4:
+    no TF32, its fp32 dots run on the CUDA cores)."""
+    try:
+        return ceilings.peak_flops(dtype)
+    except KeyError:
+        return ceilings.peak_flops("fp32")
+
+
+def resident_programs(report, card) -> int:
+    """Programs of this launch one SM holds at once: warps, the SM's program limit and,
+    for a tl.dot kernel, the shared memory its pipeline stages take."""
+    from .datasheet import Card
+    from .matrix_units import rules_for
+
+    limits = card if isinstance(card, Card) else Card("unknown", 0.0)
+    per_sm = min(max(limits.warps_per_sm // max(report.num_warps, 1), 1),
+                 limits.programs_per_sm)
+    if report.dot is not None:
+        rules = rules_for(card)
+        shared = rules.shared_bytes(report.dot, report.num_stages)
+        if shared:
+            per_sm = min(per_sm, max(rules.shared_memory // shared, 1))
+    return per_sm
+
+
+def estimate(report, ceilings, card) -> LaunchTime:
+    """The time of the launch ``report`` describes, on ``ceilings`` (bandwidth, FLOP/s) and
+    the geometry the report was analysed with (SMs), with ``card``'s limits per SM."""
+    bandwidth = ceilings.bandwidth
+    sector_s = 32 / (L2_OVER_DRAM * bandwidth)  # one full sector through L2
+    hits = max(report.load_sectors - report.read_misses, 0)
+    programs = max(report.programs, 1)
+    sms = max(report.sm_count or getattr(card, "sm_count", 0) or 1, 1)
+    compute = 0.0
+    latency = 0.0
+    if report.flops:
+        per_sm = _peak(ceilings, dot_dtype(report.dot)) / sms
+        compute = math.ceil(programs / sms) * (report.flops / programs) / per_sm
+    elif report.rounds:
+        slots = sms * resident_programs(report, card)
+        latency = math.ceil(programs / slots) * (report.rounds / programs) * ROUND_TRIP_S
+    return LaunchTime(
+        kernel=report.kernel,
+        launch=LAUNCH_S,
+        dram=report.dram_estimate / bandwidth,
+        l2=(hits + PARTIAL_STORE_COST * report.partial_store_sectors) * sector_s,
+        compute=compute,
+        latency=latency,
+    )
