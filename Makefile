@@ -16,7 +16,7 @@ OUT ?= bench/results
 # JupyterLab refuses to start as root unless told it may (containers often run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint build gpu-check gpu-test gpu-bench clean
+.PHONY: lab test lint build gpu-check gpu-test gpu-notebooks gpu-bench clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rooflab needs Python 3.10+"'
@@ -43,16 +43,22 @@ lint: $(STAMP)
 build: $(STAMP)
 	$(BIN)/rooflab build
 
-# On a GPU machine: the GPU tests, then this card's ceilings and the benchmarks as JSON in
-# $(OUT)/ (<card>-<date>[-<bench>].json). PY is the interpreter rooflab is installed in;
+# On a GPU machine: the GPU tests (the course's solutions held to their bars among them),
+# every solved notebook under nbval, then this card's ceilings and the benchmarks as JSON
+# in $(OUT)/ (<card>-<date>[-<bench>].json). PY is the interpreter rooflab is installed in;
 # `make test` or `pip install --no-deps -e .` installs it. With little GPU time, run the
-# parts one by one: `make gpu-test`, then `make gpu-bench BENCHES="matmul attention"`.
+# parts one by one: `make gpu-test`, `make gpu-notebooks`, then
+# `make gpu-bench BENCHES="matmul attention"`.
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 BENCHES ?= coalescing matmul softmax attention
-gpu-check: gpu-test gpu-bench
+gpu-check: gpu-test gpu-notebooks gpu-bench
 
 gpu-test:
 	$(PY) -m pytest -m gpu -q tests
+
+gpu-notebooks:
+	@$(PY) -c 'import nbval, nbclient, plotly' 2>/dev/null || { echo "gpu-notebooks needs nbval, nbclient and plotly: pip install '.[lab,dev]'"; exit 1; }
+	$(PY) -m pytest --nbval-lax --nbval-current-env -q solutions
 
 gpu-bench:
 	$(PY) -m rooflab.autograder.cli roofline --json $(OUT)/
