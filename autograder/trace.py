@@ -50,7 +50,9 @@ class TensorArg:
 @dataclass(frozen=True)
 class Dot:
     """One ``tl.dot`` a program ran: (m × k) @ (k × n), its operand and accumulator types
-    (Triton's names: "fp16", "bf16", "fp32"), and the precision asked for fp32 operands."""
+    (Triton's names: "fp16", "bf16", "fp32"), the precision asked for fp32 operands, and
+    whether an operand was one value repeated, zeros say (a dot for show: it multiplies
+    nothing that came from the inputs)."""
 
     m: int
     n: int
@@ -58,6 +60,7 @@ class Dot:
     operand: str
     accumulator: str
     input_precision: str
+    constant_operand: bool = False
 
 
 @dataclass
@@ -237,7 +240,8 @@ def _hooks() -> Iterator[None]:
             m, k = a.data.shape[-2:]
             current.dots.append(Dot(int(m), int(b.data.shape[-1]), int(k), _dtype_name(a),
                                     _dtype_name(d),
-                                    str(input_precision).rsplit(".", 1)[-1].lower()))
+                                    str(input_precision).rsplit(".", 1)[-1].lower(),
+                                    bool(np.ptp(a.data) == 0 or np.ptp(b.data) == 0)))
         return originals["create_dot"](a, b, d, input_precision, *rest, **kw)
 
     def run(self, *args, grid, warmup, **kwargs):

@@ -183,7 +183,8 @@ def test_an_epilogue_in_a_second_kernel_fails():
 @pytest.mark.parametrize("candidate, words", [
     (_matmul(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=8,
              precision="ieee"), 'input_precision="ieee"'),
-], ids=["ieee fp32"])
+    (cheats.matmul_with_a_decoy_dot, "its tl.dot calls do 0% of the"),
+], ids=["ieee fp32", "decoy dot"])
 def test_tensor_cores_must_do_the_multiplication(candidate, words):
     result = grade(candidate, problem="matmul/tensor_core")
     assert not result.passed

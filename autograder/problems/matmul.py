@@ -91,11 +91,13 @@ def tensor_core_work(case: Case, inputs: tuple, launches: list, output: object) 
     if any(dot.operand == "fp32" and dot.input_precision == "ieee" for dot in dots):
         return ("tl.dot with input_precision=\"ieee\" multiplies fp32 on the CUDA cores, about "
                 "15× slower than the tensor cores: leave the default (TF32) for fp32 tiles")
-    flops = sum(2 * dot.m * dot.n * dot.k for dot in dots)
+    flops = sum(2 * dot.m * dot.n * dot.k for dot in dots if not dot.constant_operand)
     if flops < 2 * m * n * k:
+        shown = " (a dot on a tile of one repeated value, zeros say, multiplies nothing)" if any(
+            dot.constant_operand for dot in dots) else ""
         return (f"its tl.dot calls do {flops / (2 * m * n * k):.0%} of the {2 * m * n * k:,} "
-                "FLOPs of this product: the multiplication must run in tl.dot, on the tensor "
-                "cores, not in elementwise arithmetic")
+                f"FLOPs of this product{shown}: the multiplication must run in tl.dot, on "
+                "the tensor cores, not in elementwise arithmetic")
     return ""
 
 
