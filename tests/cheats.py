@@ -31,8 +31,8 @@ def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 # --- vector add: the sum computed elsewhere, copied out by a kernel ----------------------
 
 def add_in_numpy(x, y):
-    answer = torch.from_numpy(x.float().numpy() + y.float().numpy()).to(x.dtype)
-    return _copy_into(torch.empty_like(x), answer.contiguous())
+    answer = torch.from_numpy(x.float().cpu().numpy() + y.float().cpu().numpy())
+    return _copy_into(torch.empty_like(x), answer.to(x.device, x.dtype).contiguous())
 
 
 def add_in_a_thread(x, y):
