@@ -16,13 +16,14 @@ from . import versions as _versions  # noqa: E402
 _versions.warn_if_broken()
 
 from .device import current as current_device  # noqa: E402
-from .engine import check, hint, passed  # noqa: E402
+from .engine import CheckFailed, check, explore, hint, passed  # noqa: E402
 from .problem import Case, Cost, Levels, Problem, Tolerance, all_problems, register  # noqa: E402
 from .problem import get as get_problem  # noqa: E402
 from .result import CheckResult  # noqa: E402
 
 __all__ = [
     "Case",
+    "CheckFailed",
     "CheckResult",
     "Cost",
     "Levels",
@@ -31,6 +32,7 @@ __all__ = [
     "all_problems",
     "check",
     "current_device",
+    "explore",
     "get_problem",
     "hint",
     "passed",

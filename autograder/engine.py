@@ -347,14 +347,56 @@ def check(
     return _finish(spec, result, show, raise_on_failure)
 
 
+class CheckFailed(AssertionError):
+    """A check that failed. Its message is the whole explanation (for scripts and logs);
+    in Jupyter, where the card above already shows it, its traceback is one short line
+    instead of the grader's frames (IPython asks ``_render_traceback_``)."""
+
+    def __init__(self, result: CheckResult):
+        super().__init__(result.message())
+        self.result = result
+
+    def _render_traceback_(self) -> list[str]:
+        red, plain = "\x1b[31m", "\x1b[0m"
+        cause = self.result.causes[0] if self.result.causes else self.result.verdict
+        if len(cause) > 160:
+            cause = cause[:157] + "..."
+        return [f"{red}{self.result.verdict} {self.result.problem_id}{plain}: {cause} "
+                "(the card above says more)"]
+
+
 def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bool
             ) -> CheckResult:
     _last_verdicts[spec.id] = result.passed
     if show:
         result.show()
-    if raise_on_failure and result.failed:
-        raise AssertionError(result.message())
+    if raise_on_failure and result.failed and not exploring():
+        raise CheckFailed(result)
     return result
+
+
+_explore = False
+
+
+def explore(on: bool = True) -> None:
+    """Let a failing check show its card without stopping the cells after it, so that
+    Run All reaches the end of a lab you have not solved yet, charts and all. The
+    verdicts do not change. Never under pytest: a notebook graded with nbval fails at its
+    first failing check, explore or not."""
+    global _explore
+    _explore = on
+    if on and not _under_pytest():
+        print("Exploring: a failing check shows its card and the run goes on. "
+              "explore(False) makes failing checks stop the run again.")
+
+
+def exploring() -> bool:
+    return _explore and not _under_pytest()
+
+
+def _under_pytest() -> bool:
+    # pytest sets this in its own process and in every kernel nbval starts from it.
+    return bool(os.environ.get("PYTEST_CURRENT_TEST"))
 
 
 def _compile_only(candidate: Callable, result: CheckResult) -> CheckResult:

@@ -27,9 +27,45 @@ def test_learner_notebook_fails_only_at_its_checks(path):
         checks += is_check
         if is_check and not errors:
             unexpected.append(f"cell {index}: a check passed on the unsolved notebook")
-        elif is_check and errors[0].ename != "AssertionError":
+        elif is_check and errors[0].ename != "CheckFailed":
             unexpected.append(f"cell {index}: check raised {errors[0].ename}, not a verdict")
         elif not is_check and errors:
             unexpected.append(f"cell {index}: {errors[0].ename}: {errors[0].evalue[:200]}")
     assert checks > 0, "a lab without checks"
     assert not unexpected, "\n".join(unexpected)
+
+
+def _imports_and_assignments(source: str) -> tuple[set[str], set[str], set[str]]:
+    """Names a cell imports, names it assigns otherwise, and names it reads."""
+    import ast
+
+    tree = ast.parse(source)
+    imported, assigned = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            assigned.add(node.id)
+    read = {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return imported, assigned, read
+
+
+@pytest.mark.parametrize("path", LABS, ids=[p.stem for p in LABS])
+def test_what_a_cell_imports_for_later_cells_is_imported_in_the_first(path):
+    """A learner skips a chart, or runs a cell on its own: no later cell may depend on a
+    module imported by a cell other than the first. (A cell that picks the learner's
+    kernel or the course's, importing the latter under a name it also assigns, defines a
+    variable; that is a lesson's own step.)"""
+    cells = [cell for cell in nbformat.read(path, as_version=4).cells
+             if cell.cell_type == "code"]
+    imported_in: dict[str, int] = {}
+    wrong = []
+    for index, cell in enumerate(cells):
+        imported, assigned, read = _imports_and_assignments(cell.source)
+        wrong += [f"cell {index} uses {name}, imported in cell {imported_in[name]}"
+                  for name in sorted(read - imported - assigned)
+                  if imported_in.get(name, 0) != 0]
+        for name in imported - assigned:
+            imported_in.setdefault(name, index)
+    assert not wrong, "\n".join(wrong)
