@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 # torch to install if the venv has none. The default lets pip choose (a CUDA build on
 # Linux); CI pins a CPU wheel with `make test TORCH=torch==2.13.0`.
 TORCH ?= torch>=2.4
+# An extra package index to take torch from: on a machine without a GPU, PyTorch's CPU
+# builds, `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` (about 200 MB).
+TORCH_INDEX ?=
 # Extra arguments, e.g. `make lab LAB_ARGS="--no-browser --port 8899"`.
 LAB_ARGS ?=
 PYTEST_ARGS ?=
@@ -23,7 +26,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[lab,dev]"
 	$(BIN)/rooflab doctor
 	touch $(STAMP)
