@@ -24,16 +24,14 @@ def roofline_figure(
     """
     dtypes = list(dtypes or ceilings.flops)
     fig = go.Figure()
-    intensities = [2.0**e for e in range(-4, 13)]
     for roof, dash in ((ceilings, "solid"), (beside, "dash")):
         if roof is None:
             continue
         for dtype in dtypes:
             if dtype not in roof.flops:
                 continue
-            peak = roof.flops[dtype]
-            ys = [min(peak, i * roof.bandwidth) / 1e12 for i in intensities]
-            fig.add_scatter(x=intensities, y=ys, mode="lines", line={"dash": dash},
+            xs, ys = roof_line(roof.flops[dtype], roof.bandwidth)
+            fig.add_scatter(x=xs, y=[y / 1e12 for y in ys], mode="lines", line={"dash": dash},
                             name=f"{dtype} — {roof.label}")
     for label, intensity, achieved, dtype in points:
         fig.add_scatter(x=[intensity], y=[achieved / 1e12], mode="markers+text", text=[label],
@@ -47,6 +45,16 @@ def roofline_figure(
         margin={"t": 40, "b": 40, "l": 60, "r": 20},
     )
     return fig
+
+
+def roof_line(peak: float, bandwidth: float, lowest: float = 1 / 16,
+              highest: float = 4096) -> tuple[list[float], list[float]]:
+    """The roof of one ceiling as three points: the slope from ``lowest`` FLOP/byte, the
+    ridge at exactly peak / bandwidth (the corner the lesson is about), and the flat roof
+    to ``highest``; the range widens to keep the ridge well inside it."""
+    ridge = peak / bandwidth
+    lowest, highest = min(lowest, ridge / 16), max(highest, ridge * 16)
+    return [lowest, ridge, highest], [lowest * bandwidth, peak, peak]
 
 
 def program_heatmap(report) -> go.Figure:

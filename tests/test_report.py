@@ -266,3 +266,16 @@ def test_an_ordinary_fraction_has_no_note():
     cost = Cost(2 * 4096**3, 3 * 4096**2 * 2, "bf16")
     perf = timed(cost, measured_h200(), cost.flops / 600e12)
     assert perf.ceiling_note == "" and perf.line.endswith("compute-bound")
+
+
+def test_the_roofline_is_drawn_through_its_ridge_exactly():
+    from rooflab.autograder.plot import roof_line, roofline_figure
+
+    sheet = roofline.from_datasheet("H100 SXM")
+    ridge = sheet.flops["bf16"] / sheet.bandwidth  # 295 FLOP/byte, not a power of two
+    figure = roofline_figure(sheet, dtypes=["bf16"])
+    (line,) = figure.data
+    assert ridge in line.x
+    assert line.y[list(line.x).index(ridge)] * 1e12 == pytest.approx(sheet.flops["bf16"])
+    xs, ys = roof_line(1e15, 1e12)  # a ridge at 1000 FLOP/byte
+    assert xs[1] == 1000 and ys == [xs[0] * 1e12, 1e15, 1e15] and xs[0] < 1000 < xs[2]
