@@ -230,7 +230,7 @@ class _CaseRun:
                 and output.shape == reference.shape:
             cause = spec.diagnose(self.inputs, output, reference)
             if cause:
-                return CaseResult(self.case, comparison, error=f"{comparison.summary}; {cause}")
+                return CaseResult(self.case, comparison, advice=cause)
         return CaseResult(self.case, comparison)
 
 
@@ -464,9 +464,15 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
     failing = [c for c in result.cases if not c.ok]
     worst = result.worst_case
     if failing and worst is not None:
-        causes.append(f"wrong on {worst.case.label}: {worst.summary}")
+        causes.append(f"wrong on {worst.case.label}: {worst.explained}")
         if len(failing) > 1:
             causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
+        # Other advice, once each (the table of cases shows only what went wrong).
+        shown = {worst.advice}
+        for case in failing:
+            if case.advice and case.advice not in shown:
+                shown.add(case.advice)
+                causes.append(f"on {case.case.label}: {case.advice}")
     launched = {"triton": result.triton_launches, "cupy": result.cuda_launches}.get(
         spec.kernel or "", {})
     kind = "CUDA C kernel (cuda.CudaKernel)" if spec.kernel == "cupy" else "Triton kernel"
@@ -500,7 +506,7 @@ def _memory_violations(launches: list) -> str:
         if out_of_bounds:
             return f"out-of-bounds access in {launch.kernel}: {out_of_bounds[0]}"
         if races:
-            return f"race in {launch.kernel}: {races[0]}"
+            return f"in {launch.kernel}, {races[0]}"
     return ""
 
 

@@ -49,12 +49,16 @@ def html(result: CheckResult) -> str:
     if result.causes:
         items = "".join(f"<li>{esc(c)}</li>" for c in result.causes)
         parts.append(f"<ul style='margin: 4px 0'>{items}</ul>")
-    if result.cases:
+    if result.cases or result.skipped:
         rows = "".join(
             f"<tr><td>{'✓' if c.ok else '✗'}</td><td>{esc(c.case.label)}</td>"
             f"<td>{esc(c.summary)}</td></tr>"
             for c in result.cases
         )
+        for skipped in result.skipped:  # "label: why", as the engine writes it
+            label, _, why = skipped.partition(": ")
+            rows += (f"<tr style='color: #57606a'><td>–</td><td>{esc(label)}</td>"
+                     f"<td>skipped: {esc(why)}</td></tr>")
         parts.append(
             "<table style='border-collapse: collapse; margin: 4px 0'>"
             "<tr><th></th><th align=left>case</th><th align=left>result</th></tr>"

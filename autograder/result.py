@@ -15,6 +15,12 @@ class CaseResult:
     case: Case
     comparison: Comparison | None = None
     error: str = ""  # what went wrong outside the comparison: an exception, modified inputs
+    advice: str = ""  # the likely cause of a wrong answer and its fix, when one shows
+
+    @property
+    def explained(self) -> str:
+        """The summary with the advice, for the one place the advice is shown."""
+        return f"{self.summary}; {self.advice}" if self.advice else self.summary
 
     @property
     def ok(self) -> bool:

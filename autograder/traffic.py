@@ -424,10 +424,14 @@ def _violations(launch: Launch, prints: list[Footprint]) -> tuple[list[str], lis
     return out_of_bounds, _races(stores, launch)
 
 
+def _program_index(p: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A linear program id as (program_id(0), program_id(1), program_id(2)), x fastest."""
+    nx, ny, _ = grid
+    return (p % nx, (p // nx) % ny, p // (nx * ny))
+
+
 def _describe_oob(f: Footprint, launch: Launch) -> str:
-    nx, ny, _ = launch.grid
-    p = f.program
-    program = (p % nx, (p // nx) % ny, p // (nx * ny))
+    program = _program_index(f.program, launch.grid)
     address = f.outside
     below = [t for t in launch.tensors if t.base <= address]
     tensor = max(below, key=lambda t: t.base) if below else min(launch.tensors,
@@ -462,10 +466,11 @@ def _races(stores: list[tuple[np.ndarray, int]], launch: Launch) -> list[str]:
                       None)
         where = (f"{tensor.name}[{(addr - tensor.base) // tensor.element_size}]" if tensor
                  else hex(addr))
-        messages.append(f"programs {who[0]} and {who[1]} both store to {where}: the result "
-                        "depends on which runs last. Check the offsets each program computes "
-                        "(does each cover its own block?); if sharing is intended, use an "
-                        "atomic")
+        first, second = (_program_index(p, launch.grid) for p in who[:2])
+        messages.append(f"programs {first} and {second} both store to {where}, and each "
+                        "element must be written by one program: the store offsets of at "
+                        "least one are wrong (rows and columns the wrong way round? blocks "
+                        "that overlap?)")
     if len(shared) > 3:
         messages.append(f"... {len(shared)} addresses in all")
     return messages

@@ -290,3 +290,35 @@ def tutorial_matmul(a, b, block_m=128, block_n=128, block_k=64, group_m=8, num_w
                                   BLOCK_SIZE_K=block_k, GROUP_SIZE_M=group_m,
                                   num_warps=num_warps)
     return c
+
+
+def transpose_forgets_to_swap(x):
+    """Stores each tile where it read it: rows and columns not swapped for the output."""
+    out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(x.shape[0], 32), triton.cdiv(x.shape[1], 32))
+    _copy_tile[grid](x, out, *x.shape, *x.stride(), *out.stride(), BLOCK=32)
+    return out
+
+
+# softmax/fused
+
+@triton.jit
+def _softmax_masked_as_zero(x_ptr, out_ptr, N, stride_xm, stride_xn, stride_om,
+                            BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask,
+                other=0.0).to(tl.float32)  # should be -inf: exp(0 - max) adds to the sum
+    z = x - tl.max(x, axis=0)
+    num = tl.exp(z)
+    tl.store(out_ptr + row * stride_om + cols, (num / tl.sum(num, axis=0)).to(
+        out_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax_masked_lanes_count(x):
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(x.shape[1])
+    _softmax_masked_as_zero[(x.shape[0],)](x, out, x.shape[1], x.stride(0), x.stride(1),
+                                           out.stride(0), BLOCK=block)
+    return out

@@ -1,5 +1,7 @@
 """The correctness engine catches each classic kernel bug, and says which one it is."""
 
+import re
+
 import broken_kernels as bk
 import pytest
 import torch
@@ -317,3 +319,13 @@ def test_grouped_order_is_graded_on_the_order_of_its_programs():
     row_major = grade(matmul, problem="matmul/grouped")  # right answer, group_m=1
     assert not row_major.passed
     assert "row-major order (64 × 6 tiles of C at m=4096 n=384 k=32" in row_major.causes[0]
+
+
+@pytest.mark.cpu("two programs storing one element is read from the trace")
+def test_a_transpose_that_forgets_to_swap_is_told_so_not_called_a_race():
+    result = grade(bk.transpose_forgets_to_swap, problem="coalescing/transpose")
+    assert not result.passed
+    message = result.message()
+    assert "both store to out_ptr[" in message and "rows and columns the wrong way" in message
+    assert not re.search(r"\brace\b", message)
+    assert re.search(r"programs \(\d+, \d+, 0\) and \(\d+, \d+, 0\)", message)

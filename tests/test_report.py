@@ -279,3 +279,14 @@ def test_the_roofline_is_drawn_through_its_ridge_exactly():
     assert line.y[list(line.x).index(ridge)] * 1e12 == pytest.approx(sheet.flops["bf16"])
     xs, ys = roof_line(1e15, 1e12)  # a ridge at 1000 FLOP/byte
     assert xs[1] == 1000 and ys == [xs[0] * 1e12, 1e15, 1e15] and xs[0] < 1000 < xs[2]
+
+
+def test_the_card_lists_skipped_cases_and_gives_advice_once():
+    cases = [CaseResult(Case({"n": n}), Comparison(ok=False, cause=f"off at {n}"),
+                        advice="the one fix") for n in (10, 20)]
+    result = CheckResult("x/y", "CPU", 1, cases=cases, causes=["wrong on n=10: off; the fix"],
+                         skipped=["n=30 bf16: bf16 is graded on a GPU only"])
+    text = report.html(result)
+    assert "n=30 bf16" in text and "skipped: bf16 is graded on a GPU only" in text
+    assert text.count("the one fix") == 0  # the rows show what went wrong, not the advice
+    assert "off at 10" in text and "off at 20" in text

@@ -135,3 +135,19 @@ def test_every_argument_is_exercised_in_both_worlds(problem_id):
         assert any(not c.sizes.get("causal") for c in cases)
         assert any("sm_scale_inv" in c.sizes for c in cases)
         assert any("sm_scale_inv" not in c.sizes for c in cases)
+
+
+def test_a_fused_kernel_is_told_what_fixes_a_fused_kernel():
+    import broken_kernels as bk
+
+    result = _grade("softmax/fused", bk.softmax_masked_lanes_count)
+    message = result.message()
+    assert "the denominator is wrong" in message and "Masked lanes must add nothing" in message
+    assert "rescale" not in message and "running" not in message
+
+
+def test_a_running_max_never_updated_is_not_called_an_overflow(tmp_path):
+    mutant = _mutant(tmp_path, "softmax", "        m = m_new\n", "")
+    result = _grade("softmax/online", mutant.softmax_online)
+    assert not result.passed
+    assert "subtract the row max" not in result.message()

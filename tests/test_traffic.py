@@ -115,7 +115,8 @@ def _everyone_writes_first(out_ptr, BLOCK: tl.constexpr):
 def test_race_between_programs_is_reported():
     launch = traced(_everyone_writes_first[(3,)], torch.empty(16), BLOCK=16)
     _, races = violations(launch)
-    assert races and races[0].startswith("programs 0 and 1 both store to out_ptr[0]")
+    assert races and races[0].startswith("programs (0, 0, 0) and (1, 0, 0) both store to "
+                                         "out_ptr[0]")
 
 
 def test_prediction_adds_l2_time_to_dram_time_and_a_fixed_cost_per_launch():

@@ -37,24 +37,44 @@ def _cost(case: Case) -> Cost:
     return Cost(flops=5 * m * n, bytes=2 * m * n * size)
 
 
-def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> str:
-    """Name the usual causes of a wrong softmax from what the output looks like."""
-    (x,) = inputs
-    got = output.double()
-    finite = x[torch.isfinite(x)]
-    if torch.isnan(got).any() and torch.isinf(x).any():
-        return ("NaN where the row starts with -inf: while every value seen so far is -inf, "
-                "the running max is -inf and exp(x - max) is exp(-inf - (-inf)) = NaN; "
-                "subtract 0 instead until the max is finite")
-    if not torch.isfinite(got).all() and finite.numel() and finite.abs().max() > 80:
-        return OVERFLOW
-    sums = got.sum(dim=-1)
-    if torch.isfinite(sums).all() and (sums - 1).abs().max() > 1e-2:
-        return (f"rows sum to {sums.min():.3g}…{sums.max():.3g}, not 1: the denominator is "
-                "wrong. Masked lanes must add nothing (load them as -inf); in one pass over "
-                "a long row, rescale the running sum by exp(m_old - m_new) whenever the "
-                "running max grows")
-    return ""
+def _overflowed(x: torch.Tensor, got: torch.Tensor) -> bool:
+    """Does the output look like exp(x) overflowing, and only that? Then each row that went
+    wrong holds values above ~88.7, its outputs are NaN where exp(x) was inf (inf / inf)
+    and 0 elsewhere (finite / inf), and nothing is inf."""
+    bad_rows = ~torch.isfinite(got).all(dim=-1)
+    if not bad_rows.any() or torch.isinf(got).any():
+        return False
+    rows, outputs = x[bad_rows].double(), got[bad_rows]
+    finite = torch.isfinite(outputs)
+    return bool((rows.nan_to_num(neginf=0.0).amax(dim=-1) > 80).all()
+                and (outputs[finite] == 0).all())
+
+
+def diagnose_for(online: bool):
+    """The usual causes of a wrong softmax, named from what the output looks like, and
+    only when it looks like them; the advice fits the exercise (one block a row, or a
+    running max and sum over the blocks of a row)."""
+
+    def diagnose(inputs: tuple, output: torch.Tensor, reference: torch.Tensor) -> str:
+        (x,) = inputs
+        got = output.double()
+        if torch.isnan(got).any() and torch.isinf(x).any() and torch.isfinite(reference).all():
+            return ("NaN where the row starts with -inf: while every value seen so far is "
+                    "-inf, the running max is -inf and exp(x - max) is exp(-inf - (-inf)) = "
+                    "NaN; subtract 0 instead until the max is finite")
+        if _overflowed(x, got):
+            return OVERFLOW
+        sums = got.sum(dim=-1)
+        if torch.isfinite(sums).all() and (sums - 1).abs().max() > 1e-2:
+            advice = ("Masked lanes must add nothing (load them as -inf, so exp gives 0)")
+            if online:
+                advice += ("; and whenever a block raises the running max from m_old to "
+                           "m_new, rescale the running sum by exp(m_old - m_new)")
+            return (f"rows sum to {sums.min():.3g}…{sums.max():.3g}, not 1: the denominator "
+                    f"is wrong. {advice}")
+        return ""
+
+    return diagnose
 
 
 def online_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
@@ -90,13 +110,14 @@ def _softmax_problem(id: str, title: str, **fields) -> Problem:
     return register(Problem(
         id=id, title=title, signature="(x: Tensor[m, n]) -> Tensor[m, n]  # softmax(x, dim=-1)",
         make_inputs=_inputs, reference=lambda x: torch.softmax(x, dim=-1), cost=_cost,
-        library_ops=SOFTMAX_OPS, diagnose=diagnose, out_contiguous=True, **fields))
+        library_ops=SOFTMAX_OPS, out_contiguous=True, **fields))
 
 
 LARGE = "large magnitudes: exp overflows unless the row max is subtracted"
 
 _softmax_problem(
     "softmax/fused", "Fused softmax: one read, one write, one program per row",
+    diagnose=diagnose_for(online=False),
     solution="rooflab.kernels.softmax:softmax_fused",
     cpu_cases=[
         Case({"m": 7, "n": 100}, torch.float32),
@@ -129,6 +150,7 @@ _softmax_problem(
 
 _softmax_problem(
     "softmax/online", "Online softmax: rows longer than a block, running max and sum",
+    diagnose=diagnose_for(online=True),
     solution="rooflab.kernels.softmax:softmax_online",
     cpu_cases=[
         Case({"m": 4, "n": 3000}, torch.float32, note="three blocks a row"),
