@@ -16,7 +16,8 @@ from . import versions as _versions  # noqa: E402
 _versions.warn_if_broken()
 
 from .device import current as current_device  # noqa: E402
-from .engine import CheckFailed, check, explore, hint, passed  # noqa: E402
+from .engine import CheckFailed, check, explore, passed  # noqa: E402
+from .hints import hint  # noqa: E402
 from .problem import Case, Cost, Levels, Problem, Tolerance, all_problems, register  # noqa: E402
 from .problem import get as get_problem  # noqa: E402
 from .result import CheckResult  # noqa: E402

@@ -136,6 +136,24 @@ def solution(source: str) -> str:
     return "\n".join(line for line in source.splitlines() if line.strip() not in markers)
 
 
+def regions(source: str) -> list[str]:
+    """The code inside each solution region (Python's ``###`` markers or CUDA C's
+    ``//`` ones), dedented: what a learner writes in place of each stub."""
+    import textwrap
+
+    found, inside = [], None
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped in (BEGIN, C_BEGIN):
+            inside = []
+        elif stripped in (END, C_END):
+            found.append(textwrap.dedent("\n".join(inside)))
+            inside = None
+        elif inside is not None:
+            inside.append(line)
+    return found
+
+
 def stub(source: str) -> str:
     """The learner's version: each solution region becomes a stub at its indentation."""
     out, inside = [], False

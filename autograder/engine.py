@@ -443,19 +443,6 @@ def passed(problem_id: str) -> bool:
     return _last_verdicts.get(problem_id, False)
 
 
-def hint(problem_id: str, level: int = 1) -> None:
-    """Print hint number ``level`` (1 = a nudge, higher = closer to the answer) for a
-    problem. Hints are shown only when asked for."""
-    spec = problem.get(problem_id)
-    if not spec.hints:
-        text = f"{problem_id} has no hints."
-    else:
-        level = min(max(level, 1), len(spec.hints))
-        more = f" (hint {level + 1} says more)" if level < len(spec.hints) else ""
-        text = f"Hint {level}/{len(spec.hints)} for {problem_id}: {spec.hints[level - 1]}{more}"
-    print(text)
-
-
 def _causes(spec: Problem, result: CheckResult) -> list[str]:
     """Why the candidate fails, most telling first; empty when it is correct."""
     if result.not_implemented:

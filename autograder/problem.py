@@ -217,8 +217,11 @@ class Problem:
     # diagnose(inputs, output, reference) -> the likely cause of a wrong answer, in words,
     # or "" (e.g. "rows do not sum to 1: the running sum is not rescaled").
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None
-    # Hints, from a nudge to the key line; ``hint(problem_id, level)`` shows one.
+    # Hints, a nudge then the idea; ``hint(problem_id, level)`` shows one. The last level
+    # is the answer itself: the solution regions of these functions (or CUDA C sources) of
+    # the solution's module, read from kernels/ (hints.py).
     hints: Sequence[str] = ()
+    answer_in: Sequence[str] = ()
     # False when the right answer depends on the run itself (a timer's: what the stand-in
     # GPU really took), so that it cannot be worked out again in another process.
     deterministic_reference: bool = True

@@ -160,8 +160,8 @@ register(Problem(
            "stop at the diagonal.",
            "For a block: s = q·kᵀ·scale (masked), m_new = max(m, rowmax(s)), "
            "p = exp(s - m_new), alpha = exp(m - m_new); l = l·alpha + rowsum(p); "
-           "acc = acc·alpha + p·v; m = m_new.",
-           "At the end o = acc / l, and save lse = m + log(l) for the backward."),
+           "acc = acc·alpha + p·v; m = m_new."),
+    answer_in=("flash_fwd_kernel",),
 ))
 
 
@@ -201,7 +201,6 @@ register(Problem(
            "lse). Precompute delta = rowsum(do ∘ o) once.",
            "dv += pᵀ·do; dp = do·vᵀ; ds = p ∘ (dp - delta); dk += dsᵀ·q·scale; "
            "dq += ds·k·scale. One kernel per key block for dk, dv; one per query block "
-           "for dq.",
-           "Wrap forward and backward in a torch.autograd.Function: save q, k, v, o, lse "
-           "in ctx and return dq, dk, dv, None, None from backward."),
+           "for dq."),
+    answer_in=("flash_bwd_preprocess_kernel", "flash_bwd_dkdv_kernel", "flash_bwd_dq_kernel"),
 ))

@@ -48,9 +48,8 @@ register(Problem(
     hints=("Program pid covers the elements pid * BLOCK ... pid * BLOCK + BLOCK - 1: "
            "tl.program_id(0) and tl.arange(0, BLOCK) give you those offsets.",
            "The last block runs past n: build mask = offsets < n and pass it to every "
-           "tl.load and tl.store.",
-           "x = tl.load(x_ptr + offsets, mask=mask); the same for y; "
-           "tl.store(out_ptr + offsets, x + y, mask=mask)"),
+           "tl.load and tl.store."),
+    answer_in=("add_kernel",),
 ))
 
 
@@ -95,9 +94,8 @@ register(Problem(
     hints=("Give each program a BLOCK_M × BLOCK_N tile: rows from program_id(0), columns "
            "from program_id(1); make 2-D offsets with rows[:, None] and cols[None, :].",
            "Read the tile through x's strides and write the same tile through out's "
-           "strides with rows and columns swapped; mask both dimensions.",
-           "tl.store(out_ptr + cols[None, :] * stride_om + rows[:, None] * stride_on, "
-           "tile, mask=mask)"),
+           "strides with rows and columns swapped; mask both dimensions."),
+    answer_in=("transpose_kernel",),
 ))
 
 
@@ -134,7 +132,6 @@ register(Problem(
     library_ops=frozenset({"clone", "copy_", "slice", "index_select", "contiguous"}),
     solution="rooflab.kernels.strided_copy:strided_copy",
     hints=("Program p handles output elements p*BLOCK ... p*BLOCK + BLOCK - 1.",
-           "Output element i is input element i * stride; the mask is on the output index.",
-           "tl.store(out_ptr + offsets, tl.load(x_ptr + offsets * stride, mask=mask), "
-           "mask=mask)"),
+           "Output element i is input element i * stride; the mask is on the output index."),
+    answer_in=("strided_copy_kernel",),
 ))

@@ -140,9 +140,8 @@ _matmul_problem(
     levels=Levels(passing=0.0, good=0.05, excellent=0.1),
     hints=("Each program owns one row of C and a block of its columns; walk k from 0 to K.",
            "At step k, C[row, cols] += A[row, k] * B[k, cols]: one element of A, a vector of "
-           "B, accumulated in fp32.",
-           "a = tl.load(a_ptr + row * stride_am + k * stride_ak); b = tl.load(b_ptr + k * "
-           "stride_bk + cols * stride_bn, mask=mask, other=0.0); acc += a * b"),
+           "B, accumulated in fp32."),
+    answer_in=("matmul_rows_kernel",),
 )
 
 _matmul_problem(
@@ -167,9 +166,8 @@ _matmul_problem(
     hints=("Walk K in steps of BLOCK_K: each step loads a BLOCK_M × BLOCK_K tile of A and a "
            "BLOCK_K × BLOCK_N tile of B.",
            "tl.dot multiplies the two tiles; accumulate into an fp32 BLOCK_M × BLOCK_N "
-           "accumulator; mask rows, columns and the K tail (other=0.0 adds nothing).",
-           "a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :] * stride_ak, mask=..., "
-           "other=0.0); likewise b; acc += tl.dot(a, b)"),
+           "accumulator; mask rows, columns and the K tail (other=0.0 adds nothing)."),
+    answer_in=("tile_coordinates", "matmul_kernel"),
 )
 
 _matmul_problem(
@@ -199,9 +197,8 @@ _matmul_problem(
            "number the tiles down a group of GROUP_M rows before moving one column right.",
            "With per_group = GROUP_M * tiles_n programs in a group, the group is pid // "
            "per_group, its first row first_m = group * GROUP_M; the last group may have "
-           "fewer rows.",
-           "group_size = min(tiles_m - first_m, GROUP_M); pid_m = first_m + (pid % per_group) "
-           "% group_size; pid_n = (pid % per_group) // group_size"),
+           "fewer rows."),
+    answer_in=("tile_coordinates",),
 )
 
 
@@ -238,8 +235,8 @@ _matmul_problem(
            "index of C should go up by one with it, so that B and C are read and written "
            "in consecutive addresses?",
            "C is row-major: c[row * N + col]. Consecutive i should give consecutive col, "
-           "and the same row.",
-           "long long row = i / N, col = i % N;"),
+           "and the same row."),
+    answer_in=("ALONG_THE_ROWS",),
 )
 
 # The bar for a matmul meant to be fast: timed at 4096³ bf16 on a GPU, at least 40% of the
@@ -272,9 +269,8 @@ _matmul_problem(
            "A Hopper warpgroup multiplies 64×N×16 per instruction: BLOCK_M and BLOCK_N of "
            "128 keep it busy. The fp32 accumulator, BLOCK_M×BLOCK_N values, is shared by "
            "num_warps×32 threads; num_stages copies of both input tiles live in shared "
-           "memory (227 KiB on an H100).",
-           "matmul(a, b, block_m=128, block_n=128, block_k=64 (32 for fp32), group_m=8, "
-           "num_warps=8, num_stages=3)"),
+           "memory (227 KiB on an H100)."),
+    answer_in=("matmul_tensor_core",),
 )
 
 _matmul_problem(
@@ -299,9 +295,8 @@ _matmul_problem(
            "narrow ones for skinny problems, and several warps/stages per tile size.",
            "Each config is triton.Config({'BLOCK_M': ..., 'BLOCK_N': ..., 'BLOCK_K': ..., "
            "'GROUP_M': 8}, num_warps=..., num_stages=...). Check each fits: "
-           "num_stages × (BLOCK_M + BLOCK_N) × BLOCK_K × 2 bytes ≤ 227 KiB.",
-           "(128, 256, 64, warps 8, stages 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), "
-           "(64, 64, 64, 4, 4), (32, 128, 64, 4, 4), (64, 32, 128, 4, 4)"),
+           "num_stages × (BLOCK_M + BLOCK_N) × BLOCK_K × 2 bytes ≤ 227 KiB."),
+    answer_in=("matmul_configs",),
 )
 
 
@@ -342,7 +337,6 @@ register(Problem(
     hints=("The tile of C is still in registers after the K loop: add the bias there and "
            "apply relu before the store, in `epilogue`.",
            "The bias has one value per column of C: load bias_ptr + rn (masked), and add it "
-           "to every row of the tile with bias[None, :].",
-           "bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0); acc += bias[None, :]"
-           ".to(tl.float32); then acc = tl.maximum(acc, 0.0)"),
+           "to every row of the tile with bias[None, :]."),
+    answer_in=("epilogue",),
 ))

@@ -79,10 +79,12 @@ def _free(case: Case) -> Cost:
 
 def _counting(id: str, title: str, signature: str, reference, cases: list[Case],
               hints: tuple[str, ...]) -> None:
+    name = id.split("/")[1]  # the lab's function, as kernels/roofline.py answers it
     register(Problem(
         id=id, title=title, signature=signature, make_inputs=_sizes, reference=reference,
         cost=_free, cpu_cases=cases, gpu_cases=cases, kernel=None, timed=False,
         compare=_same_numbers(("flops", "bytes")), hints=hints,
+        solution=f"rooflab.kernels.roofline:{name}", answer_in=(name,),
     ))
 
 
@@ -92,8 +94,7 @@ _counting(
     lambda n, b: (n, 3 * n * b),
     [Case({"n": 1000, "dtype_bytes": 4}, None), Case({"n": 1 << 20, "dtype_bytes": 2}, None)],
     ("Each output element costs one addition.",
-     "Compulsory bytes: every input element read once, every output element written once.",
-     "bytes = (n + n + n) * dtype_bytes"),
+     "Compulsory bytes: every input element read once, every output element written once."),
 )
 
 _counting(
@@ -105,8 +106,7 @@ _counting(
     ("Per element: a comparison for the max, a subtraction, an exponential, an addition "
      "for the sum, a division.",
      "The input is read once and the output written once, whatever the kernel does "
-     "between: 2 * rows * cols elements.",
-     "flops = 5 * rows * cols; bytes = 2 * rows * cols * dtype_bytes"),
+     "between: 2 * rows * cols elements."),
 )
 
 _counting(
@@ -116,8 +116,7 @@ _counting(
     [Case({"m": 4096, "n": 4096, "k": 4096, "dtype_bytes": 2}, None),
      Case({"m": 16, "n": 8192, "k": 8192, "dtype_bytes": 2}, None)],
     ("Each of the m*n outputs is a dot product of length k.",
-     "A dot product of length k is k multiplies and k additions.",
-     "flops = 2*m*n*k; bytes = (m*k + k*n + m*n) * dtype_bytes"),
+     "A dot product of length k is k multiplies and k additions."),
 )
 
 _counting(
@@ -132,9 +131,7 @@ _counting(
     ("Two matmuls per head: scores S = Q Kᵀ (seq×seq, inner size head_dim), then O = P V. "
      "Count only those; the softmax is small beside them.",
      "Each matmul is 2*seq*seq*head_dim FLOPs per head; a causal mask skips half the "
-     "scores.",
-     "flops = 4*b*h*s*s*d (halved if causal); bytes = Q, K, V read and O written = "
-     "4*b*h*s*d*dtype_bytes"),
+     "scores."),
 )
 
 
@@ -180,8 +177,8 @@ register(Problem(
     compare=_compare_floor,
     hints=("A kernel cannot finish before its arithmetic is done, nor before its bytes "
            "have moved.",
-           "Compute time = flops / peak_flops; memory time = nbytes / bandwidth.",
-           "seconds = max(both); the bound is whichever of the two is larger."),
+           "Compute time = flops / peak_flops; memory time = nbytes / bandwidth."),
+    solution="rooflab.kernels.roofline:time_floor", answer_in=("time_floor",),
 ))
 
 
@@ -335,6 +332,6 @@ register(Problem(
     deterministic_reference=False,
     hints=("A launch only queues work: the time right after it says nothing about the work.",
            "Call synchronize() before you read the clock, around each run; run a few times "
-           "before you start counting.",
-           "times = [one synchronised run, repeated]; return statistics.median(times)"),
+           "before you start counting."),
+    solution="rooflab.kernels.roofline:measure", answer_in=("measure",),
 ))
