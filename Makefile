@@ -19,7 +19,7 @@ OUT ?= bench/results
 # JupyterLab refuses to start as root unless told it may (containers often run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint build gpu-check gpu-test gpu-notebooks gpu-bench clean
+.PHONY: lab test lint build book browser-test gpu-check gpu-test gpu-notebooks gpu-bench clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rooflab needs Python 3.10+"'
@@ -47,6 +47,22 @@ lint: $(STAMP)
 build: $(STAMP)
 	$(BIN)/rooflab build
 
+# The course as a website, in book/_build/html: the learner notebooks of labs/ and the
+# concept pages of book/concepts/, built by mystmd (Jupyter Book 2), pinned in
+# book/package-lock.json and installed in book/node_modules. Needs Node.js 18+ and npm, not
+# .venv. Look at it with `python3 -m http.server -d book/_build/html`.
+book: book/node_modules/.package-lock.json
+	cd book && node_modules/.bin/myst build --html
+
+book/node_modules/.package-lock.json: book/package.json book/package-lock.json
+	@command -v npm >/dev/null || { echo "make book needs Node.js 18+ and npm"; exit 1; }
+	cd book && npm ci --no-audit --no-fund
+
+# Lab 00 run in JupyterLab and the built book, each in headless Chromium (Debian's
+# /usr/bin/chromium: `apt-get install chromium`); screenshots in build/screenshots/.
+browser-test: $(STAMP) book
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/browser
+
 # On a GPU machine: the GPU tests (the course's solutions held to their bars among them),
 # every solved notebook under nbval, then this card's ceilings and the benchmarks as JSON
 # in $(OUT)/ (<card>-<date>[-<bench>].json). PY is the interpreter rooflab is installed in;
@@ -69,4 +85,4 @@ gpu-bench:
 	for bench in $(BENCHES); do $(PY) -m rooflab.autograder.cli bench $$bench --json $(OUT)/ || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache book/node_modules book/_build build
