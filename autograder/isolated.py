@@ -110,7 +110,10 @@ def _read(path: Path) -> dict | None:
 def _ended_without_verdict(status: int) -> str:
     """Why a child left no report, in words."""
     if status < 0:
-        name = signal.Signals(-status).name
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:  # a signal this Python has no name for
+            name = f"signal {-status}"
         return (f"the candidate's process was killed by {name} before a verdict (a crash: a "
                 "wild pointer in a kernel, or a broken extension?)")
     return (f"the candidate's process ended with exit status {status} before a verdict: "
