@@ -35,6 +35,7 @@ class Row:
     # The same ratio against every library kernel of the workload, by name.
     ratios: dict[str, float] = field(default_factory=dict)
     method: str = ""  # how it was timed: "do_bench" or "cuda graph"
+    library: bool = False  # one of the library's kernels (the baseline or its alternatives)
     # A ceiling this row raised, or why its fraction is above 100% (roofline.fraction_note).
     note: str = ""
 
@@ -296,7 +297,8 @@ def run(name: str) -> list[Row]:
                     raise
                 print(f"{load.shape}: {label} left out: {str(error).splitlines()[0]}")
         first = measured.get(next(iter(load.kernels)))
-        for row in measured.values():
+        for label, row in measured.items():
+            row.library = label in load.baselines
             if first is not None:
                 row.ratio_to_baseline = first.median_us / row.median_us
             row.ratios = {base: measured[base].median_us / row.median_us
@@ -312,6 +314,22 @@ def run(name: str) -> list[Row]:
             torch.cuda.empty_cache()
     _settle(timed, ceilings, device.l2_bytes)
     return [entry.row for entry in timed]
+
+
+def remeasure(name: str, row: Row) -> Row | None:
+    """``row``'s kernel timed again beside its workload's baseline, on fresh inputs: the
+    same row, with a fresh ratio to the library (None if the workload is gone)."""
+    device = current()
+    load = next((load for load in BENCHES[name](device.torch_device)
+                 if load.shape == row.shape and str(load.dtype).endswith(row.dtype)), None)
+    if load is None or row.kernel not in load.kernels:
+        return None
+    inputs = load.make()
+    floor = roofline.time_floor(load.cost, roofline.ceilings())
+    base = _measure(name, next(iter(load.kernels)), load, inputs, floor)
+    again = _measure(name, row.kernel, load, inputs, floor)
+    again.ratio_to_baseline = base.median_us / again.median_us
+    return again
 
 
 def table(rows: list[Row]) -> str:

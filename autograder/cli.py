@@ -266,9 +266,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows = bench.run(args.name)
     print(device.current().mode)
     print(bench.table(rows))
-    if args.json:
+    verdict = EXIT_PASS
+    if args.baseline:
+        verdict = _gate(args, rows)
+    if args.json:  # after the gate: the newest record is the one before this run
         _write_record(args.json, bench.record(rows), suffix=f"-{args.name}")
-    return EXIT_PASS
+    return verdict
+
+
+def _gate(args: argparse.Namespace, rows: list) -> int:
+    """Compare with the recorded ratios to the library; EXIT_FAIL on a real regression."""
+    from . import bench, gate
+
+    path = Path(args.baseline)
+    if args.baseline == "newest":
+        path = gate.newest_record(Path("bench/results"), device.current().name, args.name)
+        if path is None:
+            print(f"no record of `{args.name}` for {device.current().name} in bench/results/ "
+                  "yet: nothing to gate against")
+            return EXIT_PASS
+    if not path.is_file():
+        raise UsageError(f"no such record: {path}")
+    tolerance = _fraction(args.tolerance)
+    moved = gate.judge(rows, gate.read(path), tolerance,
+                       again=lambda row: bench.remeasure(args.name, row))
+    print(f"\n{path}:")
+    print(gate.table(moved, tolerance))
+    return EXIT_FAIL if any(m.verdict == "regressed" for m in moved) else EXIT_PASS
+
+
+def _fraction(text: str) -> float:
+    """ "5%" or "0.05" -> 0.05."""
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise UsageError(f"a tolerance is a fraction or a percentage, not {text!r}") from None
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -317,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which benchmark")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON; a folder "
                    "gets <card>-<date>-<name>.json")
+    p.add_argument("--baseline", metavar="FILE", help="a record to gate against (or "
+                   "'newest': this card's newest in bench/results/): exit 1 when a kernel's "
+                   "speed relative to the library fell by more than the tolerance")
+    p.add_argument("--tolerance", default="5%", help="how far below its record a row may "
+                   "fall (default 5%%)")
 
     p = commands.add_parser("build", help="write labs/ and solutions/ from the masters")
     p.add_argument("--check", action="store_true", help="only say which notebooks are stale")

@@ -35,7 +35,8 @@ case "${1:-test}" in
   bench)
     python3 -m rooflab.autograder.cli roofline --json "$out/" 2>&1 | tee "$out/bench.log"
     for bench in ${BENCHES:-coalescing matmul softmax attention}; do
-      python3 -m rooflab.autograder.cli bench "$bench" --json "$out/" 2>&1 | tee -a "$out/bench.log"
+      python3 -m rooflab.autograder.cli bench "$bench" --json "$out/" --baseline newest 2>&1 \
+        | tee -a "$out/bench.log"
     done
     ;;
   *) echo "usage: bash bench/gpu-session.sh test|bench" >&2; exit 2 ;;

@@ -208,3 +208,60 @@ def test_a_row_above_100_percent_that_raised_nothing_says_why(stand_in_gpu):
     base, _ = bench.run("coalescing")
     assert base.roofline_fraction > 1.05
     assert "is above the floor" in base.note and "L2" in base.note
+
+
+# --- the performance gate --------------------------------------------------------------------
+
+def _record(ratio, kernel="twice as slow"):
+    return {"rows": [{"shape": "n=1000", "dtype": "float32", "kernel": kernel,
+                      "ratio_to_baseline": ratio}]}
+
+
+def test_a_row_slower_than_its_record_is_timed_again_and_judged_on_its_best(stand_in_gpu):
+    from rooflab.autograder import gate
+
+    rows = bench.run("coalescing")  # "twice as slow" runs at 0.5× the library
+    retried = []
+
+    def again(row):
+        retried.append(row.kernel)
+        return bench.Row(row.bench, row.shape, row.dtype, row.kernel, 10.0, 0, "", 0, "",
+                         ratio_to_baseline=0.98)  # the slow timing was a passing neighbour
+
+    (steady,) = gate.judge(rows, _record(1.0), 0.05, again)
+    assert retried == ["twice as slow"] and steady.verdict == "steady" and steady.tries == 2
+    (regressed,) = gate.judge(rows, _record(1.0), 0.05, lambda row: None)
+    assert regressed.verdict == "regressed" and regressed.tries == 1 + gate.REPEATS
+    (improved,) = gate.judge(rows, _record(0.3), 0.05, again)
+    assert improved.verdict == "improved" and improved.tries == 1
+    assert "REGRESSED" in gate.table([regressed], 0.05) and "-50%" in gate.table([regressed], 0.05)
+
+
+def test_the_gate_fails_the_command_on_a_real_regression_only(stand_in_gpu, tmp_path, capsys,
+                                                              monkeypatch):
+    from rooflab.autograder import cli
+
+    monkeypatch.setattr(cli.device, "current", lambda: stand_in_gpu.gpu)
+    record = tmp_path / "card-2026-11-26-coalescing.json"
+    record.write_text(json.dumps(_record(1.0)))
+    assert main(["bench", "coalescing", "--baseline", str(record)]) == EXIT_FAIL
+    out = capsys.readouterr().out
+    assert "REGRESSED" in out and "twice as slow" in out and "best of 3 tries" in out
+    record.write_text(json.dumps(_record(0.52)))
+    assert main(["bench", "coalescing", "--baseline", str(record),
+                 "--tolerance", "10%"]) == EXIT_PASS
+    library_only = _record(2.0, kernel="torch add")  # the library's own rows are not gated
+    record.write_text(json.dumps(library_only))
+    assert main(["bench", "coalescing", "--baseline", str(record)]) == EXIT_PASS
+
+
+def test_the_newest_record_for_this_card_is_found(tmp_path):
+    from rooflab.autograder import gate
+
+    for name in ("NVIDIA-H200-2026-11-20-matmul.json", "NVIDIA-H200-2026-11-26-matmul.json",
+                 "NVIDIA-H200-2026-11-27-softmax.json", "NVIDIA-H100-80GB-HBM3-2026-12-01-"
+                 "matmul.json"):
+        (tmp_path / name).write_text("{}")
+    found = gate.newest_record(tmp_path, "NVIDIA H200", "matmul")
+    assert found.name == "NVIDIA-H200-2026-11-26-matmul.json"
+    assert gate.newest_record(tmp_path, "NVIDIA H200", "attention") is None
