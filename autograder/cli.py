@@ -345,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "a ceilings JSON measured on a GPU")
 
     p = commands.add_parser("bench", help="the course's kernels against the library (GPU)")
-    p.add_argument("name", choices=["matmul", "coalescing", "softmax", "attention"],
-                   help="which benchmark")
+    from .bench import BENCHES
+
+    p.add_argument("name", choices=list(BENCHES), help="which benchmark")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON; a folder "
                    "gets <card>-<date>-<name>.json")
     p.add_argument("--baseline", metavar="FILE", help="a record to gate against (or "
