@@ -11,6 +11,7 @@
     rooflab bench matmul|coalescing|softmax|attention
                                          kernels against the library, timed (GPU only)
     rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
+    rooflab release OUT/                 the course without its answers, for learners
 """
 
 from __future__ import annotations
@@ -303,6 +304,18 @@ def _fraction(text: str) -> float:
         raise UsageError(f"a tolerance is a fraction or a percentage, not {text!r}") from None
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    from .release import release
+
+    try:
+        written = release(Path(args.root), Path(args.out))
+    except FileExistsError as error:
+        raise UsageError(str(error)) from None
+    print(f"wrote {len(written)} files to {args.out}: the learner notebooks, the autograder, "
+          "kernels/ with every answer replaced by its stub, make lab and make test")
+    return EXIT_PASS
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import build, masters
 
@@ -356,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", default="5%", help="how far below its record a row may "
                    "fall (default 5%%)")
 
+    p = commands.add_parser("release", help="the course without its answers, for learners")
+    p.add_argument("out", help="a new folder to write it to")
+    p.add_argument("--root", default=".", help="the repository (default: here)")
+
     p = commands.add_parser("build", help="write labs/ and solutions/ from the masters")
     p.add_argument("--check", action="store_true", help="only say which notebooks are stale")
     p.add_argument("--root", default=".", help="the repository (default: here)")
@@ -376,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"doctor": cmd_doctor, "list": cmd_list, "check": cmd_check,
             "roofline": cmd_roofline, "build": cmd_build, "trace": cmd_trace,
-            "bench": cmd_bench}
+            "bench": cmd_bench, "release": cmd_release}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
