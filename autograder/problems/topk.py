@@ -1,0 +1,693 @@
+"""Lab 05 — top-K. The k largest entries of each row and their column indices, descending,
+as ``torch.topk`` returns them. Memory-bound: the floor is the input read once and the k
+results written once; graded against ``torch.topk`` on the same inputs.
+
+The answer is compared exactly, not within a tolerance: selection computes nothing, it
+copies. Values must equal ``torch.topk``'s (NaN-aware; for ±0 either zero may come back,
+as from ``torch.topk`` itself), and each index must be a distinct, in-range position that
+holds its value. Any order of equal values is accepted. ``torch.topk`` ranks every NaN
+above +inf, whatever its sign bit: the cases hold NaNs made the way arithmetic makes them
+(0 · inf, which sets the sign bit on a CPU) and with the sign bit set on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import guard, poison
+from ..problem import Case, Cost, Levels, Problem, dtype_name, random_tensor, register
+from ..recording import paused
+from . import traced
+
+ROWS_SIGNATURE = ("(x: Tensor[m, n], k: int) -> (values: Tensor[m, k], indices: "
+                  "Tensor[m, k] int64)  # as torch.topk(x, k)")
+STREAM_SIGNATURE = ("StreamingTopK(k: int, offset: int = 0) with .update(chunk: Tensor[c]), "
+                    ".merge(other), .result() -> (values: Tensor[k], indices: Tensor[k] "
+                    "int64): the top k of the whole stream; an index is a position in the "
+                    "stream plus offset")
+
+# What the rows of a case hold (a case's note names it; plain random scores otherwise).
+SPECIAL = "NaN (from 0 * inf, and with the sign bit set), +inf, -inf, +0 and -0"
+EQUAL = "rows of equal values"
+DUPLICATES = "heavy duplicates: four distinct values"
+SORTED = "sorted rows, ascending and descending"
+NARROW = "a narrow range: every value in [1, 1.001)"
+NEGATIVE = "every value negative"
+TRAFFIC = "many rows, traced for traffic"
+FEW_ROWS = "few long rows"
+SHARDS = "shards of the stream on several GPUs, merged"
+SHORT_CHUNKS = "chunks shorter than k"
+
+# Already library calls under the engine's rule (host code may only allocate, view, fill,
+# copy and cast); named so that the problems say what they forbid.
+TOPK_OPS = frozenset({"topk", "sort", "argsort", "kthvalue", "msort", "median", "mode"})
+
+
+# --- inputs -----------------------------------------------------------------------------
+
+
+def _nan_with_sign(device: torch.device) -> torch.Tensor:
+    """A NaN with its sign bit set, made by the bits (0 * inf makes one on x86 CPUs; a
+    GPU's arithmetic makes the positive NaN)."""
+    return torch.tensor([-0x400000], dtype=torch.int32).view(torch.float32).to(device)
+
+
+def _scores(case: Case, shape: tuple[int, ...], gen: torch.Generator,
+            device: torch.device) -> torch.Tensor:
+    """Scores of the case's kind, in fp32 (cast to the case's dtype by the caller)."""
+    n = shape[-1]
+    rand = lambda: torch.rand(shape, generator=gen, device=device)  # noqa: E731
+    if case.note == EQUAL:
+        return torch.full(shape, 0.75, device=device)
+    if case.note == DUPLICATES:
+        return torch.randint(-1, 3, shape, generator=gen, device=device).float() * 0.5
+    if case.note == NARROW:
+        return 1 + rand() * 1e-3
+    if case.note == NEGATIVE:
+        return -rand() * 10 - 1e-3
+    x = random_tensor(shape, torch.float32, gen, device, case.scale)
+    if case.note == SORTED:
+        x = x.sort(dim=-1).values
+        if x.dim() == 2:
+            x[1::2] = x[1::2].flip(-1)  # odd rows descending
+    elif case.note == SPECIAL:
+        picks = torch.rand(shape, generator=gen, device=device)
+        zero = torch.zeros((), device=device)
+        x = torch.where(picks < 0.04, zero, x)
+        x = torch.where((picks >= 0.04) & (picks < 0.08), -zero, x)
+        x = torch.where((picks >= 0.08) & (picks < 0.10), float("-inf"), x)
+        x = torch.where((picks >= 0.10) & (picks < 0.102), float("inf"), x)
+        arithmetic = zero * float("inf")  # NaN as 0 * inf makes it
+        x = torch.where((picks >= 0.102) & (picks < 0.104), arithmetic, x)
+        x = torch.where((picks >= 0.104) & (picks < 0.106), _nan_with_sign(device), x)
+        flat = x.view(-1, n)  # and a few NaNs in every row, whatever the draw
+        flat[:, n // 3] = arithmetic
+        flat[:, n // 2] = _nan_with_sign(device)
+        flat[:, -1] = float("nan")
+    return x
+
+
+def _rows_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    m, n, k = case.sizes["m"], case.sizes["n"], case.sizes["k"]
+    if "x" in case.transposed:  # a strided view: rows 1 apart in memory, columns m apart
+        return _scores(case, (n, m), gen, device).to(case.dtype).T, k
+    return _scores(case, (m, n), gen, device).to(case.dtype), k
+
+
+def _stream_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    n = case.sizes["n"]
+    x = _scores(case, (n,), gen, device).to(case.dtype)
+    return x, case.sizes["k"], case.sizes["chunk"], case.sizes.get("devices", 1)
+
+
+def _rows_cost(case: Case) -> Cost:
+    m, n, k = case.sizes["m"], case.sizes["n"], case.sizes["k"]
+    s = case.dtype.itemsize
+    return Cost(flops=0, bytes=m * n * s + m * k * (s + 8))  # x once; values and indices
+
+
+def _stream_cost(case: Case) -> Cost:
+    n, k = case.sizes["n"], case.sizes["k"]
+    s = case.dtype.itemsize
+    return Cost(flops=0, bytes=n * s + k * (s + 8))  # every chunk once; the top k once
+
+
+# --- the right answer -------------------------------------------------------------------
+
+
+@dataclass
+class Reference:
+    x: torch.Tensor  # float64, [m, n] (a stream: one row)
+    k: int
+    values: torch.Tensor  # float64, [m, k]: torch.topk's values, NaN first
+    chunk: int = 0  # a stream's chunk length, and its shard length on each device
+    shard: int = 0
+
+
+def expected_values(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The top k values of each row of ``x`` in descending order, every NaN first (as
+    torch.topk ranks them, whatever their sign bit): made without relying on it."""
+    nan = x.isnan()
+    top = torch.where(nan, float("inf"), x).topk(k, dim=-1).values
+    first = torch.arange(k, device=x.device) < nan.sum(dim=-1, keepdim=True)
+    return torch.where(first, float("nan"), top)
+
+
+def _rows_reference(x: torch.Tensor, k: int) -> Reference:
+    return Reference(x, k, expected_values(x, k))
+
+
+def _stream_reference(x: torch.Tensor, k: int, chunk: int, devices: int) -> Reference:
+    shard = -(-x.numel() // devices)
+    return Reference(x[None], k, expected_values(x[None], k), chunk, shard)
+
+
+def _call(candidate: Callable, inputs: tuple) -> tuple:
+    """The candidate's answer, with the dtype of the input it answered (the answer is
+    compared in float64 against float64 inputs: the dtype is checked on its name)."""
+    x, k = inputs
+    return candidate(x, k), dtype_name(x.dtype)
+
+
+# --- memory a stream holds --------------------------------------------------------------
+
+# What the object may hold between updates: 64 bytes per kept result (values, indices and
+# room for scratch), and 4 KiB.
+def memory_bound(k: int) -> int:
+    return 64 * max(2, 1 << (k - 1).bit_length()) + 4096
+
+
+def _reachable_tensors(root: object) -> list[torch.Tensor]:
+    """Every tensor (and numpy array) reachable from ``root`` through attributes,
+    containers, closures and bound methods."""
+    found, seen, todo = [], set(), [(root, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if id(item) in seen or depth > 8:
+            continue
+        seen.add(id(item))
+        if isinstance(item, (torch.Tensor, np.ndarray)):
+            found.append(item)
+            continue
+        if isinstance(item, (str, bytes, int, float, bool, type(None), type, torch.dtype,
+                             torch.device)) or type(item).__name__ == "module":
+            continue
+        if isinstance(item, dict):
+            children = [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            children = list(item)
+        else:
+            children = list(getattr(item, "__dict__", {}).values())
+            for slot in getattr(type(item), "__slots__", ()):
+                children.append(getattr(item, slot, None))
+            children += [cell.cell_contents for cell in getattr(item, "__closure__", None) or ()
+                         if _filled(cell)]
+            children.append(getattr(item, "__self__", None))
+        todo += [(child, depth + 1) for child in children]
+    return found
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def held_bytes(root: object) -> int:
+    """The memory ``root`` keeps alive, counted by storage: a view of a chunk holds the
+    whole storage it is a view of. The poisoned margins a check puts around every tensor
+    it allocates are not the candidate's (``guard.py``): a storage whose held views all lie
+    inside such margins is counted without them."""
+    storages: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+    total = 0
+    for item in _reachable_tensors(root):
+        if isinstance(item, np.ndarray):
+            base = item
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            total += base.nbytes
+            continue
+        storage = item.untyped_storage()
+        start = item.storage_offset() * item.element_size()
+        span = (1 + sum((s - 1) * st for s, st in zip(item.shape, item.stride(), strict=True))
+                if item.numel() else 0) * item.element_size()
+        entry = storages.setdefault(storage.data_ptr(), (storage.nbytes(), []))
+        entry[1].append((start, start + span))
+    for nbytes, views in storages.values():
+        margin = guard.MARGIN_BYTES
+        inside = nbytes >= 2 * margin and all(margin <= a and b <= nbytes - margin
+                                               for a, b in views)
+        total += nbytes - 2 * margin if inside else nbytes
+    return total
+
+
+def _run_stream(candidate: Callable, inputs: tuple) -> tuple:
+    """Feed the stream to the candidate's class in chunks, on ``devices`` shards, merge
+    the shards, and return its result with the most memory one object held after its last
+    update and after the merges (an object that keeps chunks, or views of them, holds them
+    then; measuring after every update would add host work to the timed run). Chunks are
+    views of the stream: keeping one keeps all of it."""
+    x, k, chunk, devices = inputs
+    n = x.numel()
+    shard = -(-n // devices)
+    streams, most = [], 0
+    for start in range(0, n, shard):
+        stream = candidate(k) if devices == 1 else candidate(k, start)
+        for first in range(start, min(n, start + shard), chunk):
+            stream.update(x[first:min(first + chunk, start + shard, n)])
+        with paused():
+            most = max(most, held_bytes(stream))
+        streams.append(stream)
+    for other in streams[1:]:
+        streams[0].merge(other)
+    with paused():
+        most = max(most, held_bytes(streams[0]))
+    return streams[0].result(), dtype_name(x.dtype), most
+
+
+# --- comparing answers, and naming the classic bugs -------------------------------------
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Equal values, NaN equal to NaN (and, as floats, -0 equal to +0)."""
+    return (a == b) | (a.isnan() & b.isnan())
+
+
+def _fmt(t: torch.Tensor, count: int = 6) -> str:
+    items = [f"{v:.6g}" for v in t.flatten()[:count].tolist()]
+    return "[" + ", ".join(items) + (", …]" if t.numel() > count else "]")
+
+
+def compare_for(radix: bool = False, stream: bool = False) -> Callable[[object, object], str]:
+    """The comparison of a top-k answer with the reference: "" if right, else what is
+    wrong, and the likely cause where the evidence shows one."""
+
+    def compare(output: object, reference: Reference) -> str:
+        held = None
+        if stream and isinstance(output, (tuple, list)) and len(output) == 3:
+            output, held = output[:2], output[2]
+        if not (isinstance(output, (tuple, list)) and len(output) == 2):
+            return f"returned {type(output).__name__}: expected the answer and its dtype"
+        answer, dtype = output
+        if not (isinstance(answer, (tuple, list)) and len(answer) == 2
+                and all(isinstance(t, torch.Tensor) for t in answer)):
+            what = type(answer).__name__
+            return (f"returned {what}, expected a pair of tensors (values, indices), as "
+                    "torch.topk returns them")
+        values, indices = answer
+        x, k = reference.x, reference.k
+        m, n = x.shape
+        shape = (k,) if stream else (m, k)
+        for name, t, want in (("values", values, dtype), ("indices", indices, "int64")):
+            if tuple(t.shape) != shape:
+                return f"{name}: shape {tuple(t.shape)}, expected {shape}"
+            if dtype_name(t.dtype) != want:
+                return f"{name}: dtype {dtype_name(t.dtype)}, expected {want}"
+            if t.device.type != x.device.type:
+                return f"{name}: on device {t.device}, expected {x.device}"
+            unwritten = poison.unwritten_mask(t)
+            if bool(unwritten.any()):
+                return (f"{name}: {int(unwritten.sum())} of {t.numel()} elements were never "
+                        "written (they hold the poison that fills fresh memory during a "
+                        "check): a missing row, or slots past the first k?")
+        values, indices = values.reshape(m, k), indices.reshape(m, k)
+        if held is not None and held > memory_bound(k):
+            return (f"the stream object holds {held:,} bytes after its updates, more than "
+                    f"{memory_bound(k):,} (64 bytes per kept result and 4 KiB): it keeps "
+                    "chunks, or views of them, and a view keeps the whole storage it looks "
+                    "into. Keep the top k so far and nothing else")
+        return _check_rows(values, indices, reference, radix, stream)
+
+    return compare
+
+
+def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, radix: bool,
+                stream: bool) -> str:
+    x, k, want = ref.x, ref.k, ref.values
+    m, n = x.shape
+    got = values.double()
+    where = (lambda r, j: f"at position {j}") if stream else \
+        (lambda r, j: f"row {r}, position {j}")  # noqa: E731
+    unfilled = (": a slot no element filled. Fewer than k elements came through" + (
+        "; keep the elements at or above the threshold bucket (>=), the bucket's own "
+        "elements included" if radix else ""))
+    outside = (indices < 0) | (indices >= n)
+    if bool(outside.any()):
+        r, j = (int(i) for i in outside.nonzero()[0])
+        index = int(indices[r, j])
+        if stream:
+            return (f"index {index} {where(r, j)} is outside the stream of {n:,} scores: an "
+                    "index is a position in the stream, from 0")
+        if n <= index < n + (1 << 17):  # within a block or so of the end
+            return (f"index {index} {where(r, j)} is past the end of the row (n = {n}): "
+                    "lanes beyond the last element took part. Mask the last block, and give "
+                    "its idle lanes a word below every element")
+        return f"index {index} {where(r, j)} is far outside the row (n = {n}){unfilled}"
+    empty = got.isnan() & ~x.isnan().any(dim=-1, keepdim=True)
+    if bool(empty.any()):
+        r, j = (int(i) for i in empty.nonzero()[0])
+        return f"NaN {where(r, j)}, where the scores hold no NaN{unfilled}"
+    picked = x.gather(1, indices)
+    mismatch = ~_same(picked, got)
+    if stream and bool(mismatch.any()):
+        # Positions counted from a chunk or a shard also collide with each other: name
+        # that cause before the repeated index it produces.
+        r, j = (int(i) for i in mismatch.nonzero()[0])
+        if _looks_local(x[r], got[r, j], int(indices[r, j]), ref):
+            return LOCAL_POSITIONS
+    ordered = indices.sort(dim=-1).values
+    twice = ordered[:, 1:] == ordered[:, :-1]
+    if bool(twice.any()):
+        r, j = (int(i) for i in twice.nonzero()[0])
+        index = int(ordered[r, j])
+        return (f"index {index} comes back twice{'' if stream else f' in row {r}'}: one "
+                "element took two of the k places. Equal values are distinct elements: carry "
+                "each element's own position with its key (one packed word), rather than "
+                "finding a value's position again")
+    if bool(mismatch.any()):
+        r, j = (int(i) for i in mismatch.nonzero()[0])
+        if bool((picked[mismatch] < 0).all()):
+            return (f"values[{where(r, j)}] = {got[r, j].item():.6g}, but the index beside it "
+                    f"holds {picked[r, j].item():.6g}: only negative scores come back wrong, so "
+                    f"their keys are. {NEGATIVE_KEY}")
+        return (f"values[{where(r, j)}] = {got[r, j].item():.6g}, but the index beside it, "
+                f"{int(indices[r, j])}, holds {picked[r, j].item():.6g}: the values and the "
+                "indices were sorted or stored apart")
+    as_sorted = expected_values(got, k)  # the answer's own values, in torch.topk's order
+    right_set = _same(as_sorted, want).all(dim=-1)
+    if bool(right_set.all()):
+        if bool(_same(got, want).all()):
+            return ""
+        r = int((~_same(got, want).all(dim=-1)).nonzero()[0])
+        return (f"the right elements{'' if stream else f' in row {r}'}, but not in descending "
+                f"order: {_fmt(got[r])}")
+    r = int((~right_set).nonzero()[0])
+    return _wrong_set(x[r], got[r], want[r], r, stream)
+
+
+LOCAL_POSITIONS = ("values and indices disagree: the indices look like positions in a "
+                   "chunk or a shard. An index is a position in the whole stream: add where "
+                   "the chunk starts (and the shard's offset)")
+NEGATIVE_KEY = ("The bits of a negative float grow as its value falls (-2.0 is 0xC0000000, "
+                "-1.0 is 0xBF800000): flip all the bits of a negative float, and only the "
+                "sign bit of a positive one")
+
+
+def _looks_local(row: torch.Tensor, value: torch.Tensor, index: int, ref: Reference) -> bool:
+    """Is ``value`` in the stream at ``index`` plus the start of some chunk within a shard
+    plus the start of some shard: a position counted from a chunk or a shard?"""
+    for position in torch.nonzero(_same(row, value)).flatten().tolist():
+        gap = position - index
+        if gap > 0 and ref.chunk and gap % ref.shard % ref.chunk == 0:
+            return True
+    return False
+
+
+def _wrong_set(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, r: int,
+               stream: bool) -> str:
+    """The values are not the top k of the row: say which are missing, and why if the
+    evidence shows it."""
+    row = "" if stream else f" of row {r}"
+    head = f"not the top k{row}: got {_fmt(got)}, expected {_fmt(want)}"
+    nan_want, nan_got = int(want.isnan().sum()), int(got.isnan().sum())
+    if nan_got < nan_want:
+        return (f"{head}. NaN ranks above every number in torch.topk, whatever its sign bit, "
+                f"and {nan_want} of the top k are NaN here ({nan_got} came back). A NaN "
+                "with its sign bit set (0 * inf makes one) looks like the most negative "
+                "number to the bit trick: give every NaN the largest key")
+    kth = want[~want.isnan()].min() if bool((~want.isnan()).any()) else None
+    extra = got[~torch.isin(got, want) & ~got.isnan()]
+    if kth is not None and extra.numel() and bool((extra < 0).all()) and \
+            bool((extra < kth).all()):
+        return (f"{head}. The extra values are negative and below the k-th largest: negative "
+                f"floats are ranked upside down. {NEGATIVE_KEY}")
+    return head
+
+
+# --- what the trace shows ---------------------------------------------------------------
+
+
+def _answer_tensors(output: object) -> list[torch.Tensor]:
+    answer = output[0] if isinstance(output, (tuple, list)) and output else ()
+    return [t for t in answer if isinstance(t, torch.Tensor)] \
+        if isinstance(answer, (tuple, list)) else []
+
+
+def _kernels_did_the_work(x: torch.Tensor, launches: list, output: object) -> str:
+    """The kernels read every score and wrote every result (not the host, not a copy)."""
+    x_bytes = x.numel() * x.element_size()
+    if traced.bytes_moved(launches, x, "load") < x_bytes:
+        return ("the kernels did not read every score: each element of x must be read by a "
+                "kernel (host code may only allocate, view, fill and copy)")
+    for name, t in zip(("values", "indices"), _answer_tensors(output), strict=False):
+        if traced.bytes_moved(launches, t, "store") < t.numel() * t.element_size():
+            return (f"{name} were not written by a kernel: the answer must come out of the "
+                    "kernels' own stores, not a copy made on the host")
+    return ""
+
+
+def rows_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    return _kernels_did_the_work(inputs[0], launches, output)
+
+
+def radix_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    """topk/radix, from the trace, on long rows of random scores: no scratch as large as
+    the input (a sort moves the whole row, several times) and a buffer of O(k) words a row;
+    x read twice when rows are many (a histogram, then a filter); few rows split over
+    several programs. (On narrow ranges and duplicates radix filtering degrades by nature:
+    there only the answer is graded.)"""
+    x, k = inputs
+    done = _kernels_did_the_work(x, launches, output)
+    if done or case.note not in (TRAFFIC, FEW_ROWS):
+        return done
+    m, n = x.shape
+    k_pad = max(2, 1 << (k - 1).bit_length())
+    x_bytes = m * n * x.element_size()
+    results = [t for t in _answer_tensors(output)]
+    stored = sum(int(access.active.sum()) * access.element_size for launch in launches
+                 for access in launch.accesses if access.kind == "store") - sum(
+        traced.bytes_moved(launches, t, "store") for t in results)
+    allowed = x_bytes // 2 + 16 * k_pad * m
+    if stored > allowed:
+        return (f"writes {stored:,} bytes of scratch, {stored / x_bytes:.1f}× the size of x: "
+                "a sort, or a copy of the row. Radix select keeps only candidates: the few "
+                "elements at or above the threshold bucket")
+    scratch = _scratch_bytes(launches, [x, *results])
+    if scratch > x_bytes // 8 + m * (128 * k_pad + 8192):
+        return (f"allocates {scratch:,} bytes of scratch, {scratch / x_bytes:.2f}× the size "
+                "of x: a histogram and a buffer of candidates per row are all it needs, a "
+                "buffer of a few k words (or a few % of a row) at most")
+    loaded = traced.bytes_moved(launches, x, "load")
+    if case.note == TRAFFIC and loaded > 2 * x_bytes:
+        return (f"reads x {loaded / x_bytes:.1f} times on random scores: one histogram of the "
+                "top byte should leave few enough candidates for one more read to collect "
+                "them (a pass per byte of the key reads it four times or more)")
+    if case.note == FEW_ROWS:
+        readers = _programs_reading_row(launches, x)
+        if readers < 4:
+            return (f"each row of x is read by {readers} program: with {m} rows, only {m} "
+                    "of a GPU's 132 multiprocessors would work. Split each row over several "
+                    "programs (a chunk each), and add their histograms")
+    return ""
+
+
+def _scratch_bytes(launches: list, known: list[torch.Tensor]) -> int:
+    """Bytes of the tensor arguments of the launches that are not ``known`` (x and the
+    answer): the kernels' scratch, each counted once."""
+    bases = {t.data_ptr() for t in known}
+    seen: dict[int, int] = {}
+    for launch in launches:
+        for arg in launch.tensors:
+            if arg.base not in bases:
+                seen[arg.base] = max(seen.get(arg.base, 0), arg.extent)
+    return sum(seen.values())
+
+
+def _programs_reading_row(launches: list, x: torch.Tensor) -> int:
+    """How many programs of the first launch that reads x read from its row 0."""
+    start = x.data_ptr()
+    end = start + (x.shape[1] - 1) * x.stride(1) * x.element_size() + x.element_size()
+    row_0 = (start, end) if x.stride(1) == 1 else (start, start)  # contiguous rows only
+    for launch in launches:
+        readers = set()
+        for access in launch.accesses:
+            if access.kind != "load":
+                continue
+            inside = (access.addresses >= row_0[0]) & (access.addresses < row_0[1]) \
+                & access.active
+            if inside.any():
+                readers.add(access.program)
+        if readers:
+            return len(readers)
+    return 0
+
+
+def stream_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
+    return _kernels_did_the_work(inputs[0], launches, output)
+
+
+# --- the problems -----------------------------------------------------------------------
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def _rows_case(m: int, n: int, k: int, dtype: torch.dtype = F32, **fields) -> Case:
+    return Case({"m": m, "n": n, "k": k}, dtype, **fields)
+
+
+def _torch_topk(x: torch.Tensor, k: int) -> tuple:
+    return torch.topk(x, k)
+
+
+register(Problem(
+    id="topk/rows", title="Top-k, one program per row: a running top k in registers",
+    signature=ROWS_SIGNATURE, make_inputs=_rows_inputs, reference=_rows_reference,
+    cost=_rows_cost, invoke=_call, compare=compare_for(), trace_check=rows_structure,
+    library_ops=TOPK_OPS, solution="rooflab.kernels.topk:topk_rows",
+    cpu_cases=[
+        _rows_case(5, 1000, 10, note="ragged rows"),
+        _rows_case(3, 5000, 37, F16, note="k not a power of two"),
+        _rows_case(4, 3000, 1, note="k = 1"),
+        _rows_case(3, 300, 300, note="k = n"),
+        _rows_case(6, 7, 3, note="rows shorter than a block"),
+        _rows_case(4, 2000, 16, transposed=("x",), note="strided rows"),
+        _rows_case(4, 2000, 20, note=SPECIAL),
+        _rows_case(3, 1500, 40, note=EQUAL),
+        _rows_case(3, 3000, 100, note=DUPLICATES),
+        _rows_case(4, 2500, 64, note=SORTED),
+        _rows_case(3, 2000, 17, note=NEGATIVE),
+        _rows_case(3, 3000, 50, F16, note=NARROW),
+        _rows_case(8, 4096, 64, note="traced for traffic"),
+        _rows_case(4, 1000, 10, BF16),
+    ],
+    gpu_cases=[
+        _rows_case(1823, 3001, 10, note="ragged rows"),
+        _rows_case(1823, 5000, 37, F16, note="k not a power of two"),
+        _rows_case(4096, 1000, 1, note="k = 1"),
+        _rows_case(1000, 300, 300, note="k = n"),
+        _rows_case(2048, 7, 3, note="rows shorter than a block"),
+        _rows_case(512, 3000, 16, transposed=("x",), note="strided rows"),
+        _rows_case(512, 4096, 20, note=SPECIAL),
+        _rows_case(256, 4000, 100, note=EQUAL),
+        _rows_case(512, 8000, 1000, note=DUPLICATES),
+        _rows_case(512, 8000, 64, note=SORTED),
+        _rows_case(512, 8000, 17, note=NEGATIVE),
+        _rows_case(512, 8000, 50, note=NARROW),
+        _rows_case(1024, 2048, 32, BF16),
+        _rows_case(4096, 32768, 64, note="timed", timed=True),
+    ],
+    # Nothing measured yet: the course's kernel is expected at 2-4× torch.topk at 4096 ×
+    # 32768, k = 64 (its bitonic network, ~30 compare-and-swaps per element, is the bound;
+    # torch.topk took 1609 µs there on an H200, 8% of the roofline). The bars are half of
+    # that, to be raised once a GPU has measured it (`rooflab bench topk`).
+    levels=Levels(passing=0.1, good=0.2, excellent=0.3),
+    baseline=_torch_topk, baseline_name="torch.topk", at_least_vs_baseline=1.0,
+    hints=("Keep the K_PAD best (key, position) words seen so far in a vector, sorted "
+           "descending. Each block: make its words, take its own top K_PAD, and keep the top "
+           "K_PAD of those and the running ones. Lanes past the row's end get the word 0.",
+           "float_key: a positive float's bits already grow with its value, so set the sign "
+           "bit to lift it above the negatives; a negative float's bits grow as it falls, so "
+           "flip all of them. Then give NaN (x != x) the largest key, 0xFFFFFFFF. "
+           "pack(key, cols) makes the word; top_k and merge_top do the rest."),
+    answer_in=("float_key", "topk_rows_kernel"),
+))
+
+register(Problem(
+    id="topk/radix", title="Top-k by radix select: a histogram, a filter, a small sort",
+    signature=ROWS_SIGNATURE, make_inputs=_rows_inputs, reference=_rows_reference,
+    cost=_rows_cost, invoke=_call, compare=compare_for(radix=True),
+    trace_check=radix_structure, library_ops=TOPK_OPS,
+    solution="rooflab.kernels.topk:topk_radix",
+    cpu_cases=[
+        _rows_case(8, 8192, 64, note=TRAFFIC),
+        _rows_case(2, 65536, 100, note=FEW_ROWS),
+        _rows_case(3, 20000, 1, note="k = 1"),
+        _rows_case(2, 600, 600, note="k = n"),
+        _rows_case(5, 7, 3, note="rows shorter than a block"),
+        _rows_case(4, 10000, 37, F16, note="k not a power of two"),
+        _rows_case(3, 8000, 16, transposed=("x",), note="strided rows"),
+        _rows_case(4, 6000, 20, note=SPECIAL),
+        _rows_case(2, 6000, 50, note=EQUAL),
+        _rows_case(3, 8000, 100, note=DUPLICATES),
+        _rows_case(4, 6000, 64, note=SORTED),
+        _rows_case(3, 20000, 50, note=NARROW),
+        _rows_case(3, 8000, 17, note=NEGATIVE),
+        _rows_case(4, 10000, 100, BF16),
+    ],
+    gpu_cases=[
+        _rows_case(256, 262144, 256, note="k = 256"),
+        _rows_case(8, 131072, 50, note=FEW_ROWS),
+        _rows_case(4096, 32768, 64, note="many shorter rows"),
+        _rows_case(256, 65001, 1, note="k = 1"),
+        _rows_case(256, 2000, 2000, note="k = n"),
+        _rows_case(1000, 7, 3, note="rows shorter than a block"),
+        _rows_case(256, 65001, 100, F16, note="k not a power of two"),
+        _rows_case(256, 30000, 16, transposed=("x",), note="strided rows"),
+        _rows_case(64, 65000, 20, note=SPECIAL),
+        _rows_case(16, 65000, 500, note=EQUAL),
+        _rows_case(64, 65000, 1000, note=DUPLICATES),
+        _rows_case(64, 65000, 64, note=SORTED),
+        _rows_case(64, 65000, 100, note=NARROW),
+        _rows_case(64, 65000, 17, note=NEGATIVE),
+        _rows_case(256, 65001, 1000, BF16),
+        _rows_case(256, 262144, 1024, note="timed", timed=True),
+    ],
+    # Nothing measured yet. torch.topk took 864 µs at 256 × 262144, k = 1024 on an H200
+    # (7% of the roofline: about 13 reads of x); this design reads x twice and is expected
+    # near 3×, if tl.histogram's 256 bins cost what its lowering suggests (about 2
+    # instructions an element). The bars are half of that: a sort, which moves the whole
+    # input many times, stays far below them, and so does one program per row (topk/rows).
+    levels=Levels(passing=0.1, good=0.2, excellent=0.3),
+    baseline=_torch_topk, baseline_name="torch.topk", at_least_vs_baseline=1.5,
+    hints=("Four levels, one byte of the key each. A level counts, for every element still "
+           "in play, its byte with tl.histogram; counting down from bucket 255, the bucket "
+           "where the count reaches k holds the k-th largest. Elements above it are in; the "
+           "ones in it are the candidates, and the next level looks only at them.",
+           "threshold_bucket: tl.cumsum(hist, 0, reverse=True) counts the elements in each "
+           "bucket or above; the buckets where that is still >= k are 0..bucket. The "
+           "histogram: digit = (key >> shift) & 255, masked to the elements whose higher "
+           "bytes equal the prefix. The filter: reserve slots with tl.atomic_add on the row's "
+           "counter, then each lane's slot is first + tl.cumsum(keep) - 1."),
+    answer_in=("threshold_bucket", "radix_histogram_kernel", "radix_filter_kernel"),
+))
+
+
+def _stream_case(n: int, k: int, chunk: int, devices: int = 1, dtype: torch.dtype = F32,
+                 **fields) -> Case:
+    return Case({"n": n, "k": k, "chunk": chunk, "devices": devices}, dtype, **fields)
+
+
+def _stream_baseline(x: torch.Tensor, k: int, chunk: int, devices: int) -> tuple:
+    return torch.topk(x, k)  # the whole stream at once, in memory: the library's way
+
+
+register(Problem(
+    id="topk/stream", title="Streaming top-k: chunks over time, O(k) memory, merged on GPU",
+    signature=STREAM_SIGNATURE, make_inputs=_stream_inputs, reference=_stream_reference,
+    cost=_stream_cost, invoke=_run_stream, compare=compare_for(stream=True),
+    trace_check=stream_structure, library_ops=TOPK_OPS | {"cat", "stack"},
+    solution="rooflab.kernels.topk:StreamingTopK",
+    cpu_cases=[
+        _stream_case(40000, 64, 10000),
+        _stream_case(30000, 100, 5000, 3, note=SHARDS),
+        _stream_case(2400, 300, 256, note=SHORT_CHUNKS),
+        _stream_case(8000, 20, 2000, note=SPECIAL),
+        _stream_case(12000, 37, 3000, 2, F16, note=SHARDS),
+        _stream_case(10000, 1, 2500, note="k = 1"),
+        _stream_case(500, 500, 100, 2, note="k = n"),
+        _stream_case(9000, 50, 3000, note=NARROW),
+        _stream_case(12000, 64, 3000, 2, BF16),
+    ],
+    gpu_cases=[
+        _stream_case(1 << 24, 100, 1 << 20, 4, note=SHARDS),
+        _stream_case(1 << 16, 2048, 1000, note=SHORT_CHUNKS),
+        _stream_case(1 << 20, 20, 1 << 16, note=SPECIAL),
+        _stream_case(1 << 22, 37, 1 << 18, 2, F16, note=SHARDS),
+        _stream_case(1 << 22, 1, 1 << 20, note="k = 1"),
+        _stream_case(4096, 4096, 1000, 2, note="k = n"),
+        _stream_case(1 << 22, 50, 1 << 19, note=NARROW),
+        _stream_case(1 << 22, 1000, 1 << 20, 2, BF16),
+        _stream_case(1 << 26, 1024, 1 << 22, note="timed", timed=True),
+    ],
+    # Nothing measured yet. Each chunk of 2**22 costs two reads of it and seven launches;
+    # against torch.topk over the whole stream at once (which needs it all in memory) the
+    # course's class is expected at about 1-2×. The bars are a fraction of that.
+    levels=Levels(passing=0.04, good=0.15, excellent=0.3),
+    baseline=_stream_baseline, baseline_name="torch.topk of the whole stream",
+    at_least_vs_baseline=0.5,
+    hints=("update: take the chunk's own top k with one of your kernels (one program for a "
+           "short chunk, radix select for a long one; a chunk shorter than k: all of it), "
+           "then merge it into the top k so far, with positions counted from where the chunk "
+           "starts in the stream. Keep nothing else: not the chunk, not a view of it.",
+           "merge_topk_kernel: sort words that carry a slot, not the position (a position "
+           "may need more than 32 bits): pack(float_key(a), slots) for a, pack(float_key(b), "
+           "slots + K_PAD) for b, 0 for empty slots; merge_top gives the best K_PAD; fetch "
+           "each winner's position by its slot, adding B_BASE for b's."),
+    answer_in=("merge_topk_kernel", "StreamingTopK"),
+))
