@@ -217,11 +217,25 @@ def _attention_workloads(device: str) -> list[Workload]:
     return loads
 
 
+def _topk_workloads(device: str) -> list[Workload]:
+    from .bench_topk import topk_workloads  # it builds on this module's Workload
+
+    return topk_workloads(device)
+
+
+def _kmeans_workloads(device: str) -> list[Workload]:
+    from .bench_kmeans import kmeans_workloads
+
+    return kmeans_workloads(device)
+
+
 BENCHES: dict[str, Callable[[str], list[Workload]]] = {
     "matmul": _matmul_workloads,
     "coalescing": _coalescing_workloads,
     "softmax": _softmax_workloads,
     "attention": _attention_workloads,
+    "topk": _topk_workloads,
+    "kmeans": _kmeans_workloads,
 }
 
 
