@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+# The tag of a code cell that holds a solution region: the cells a learner writes, and the
+# only ones `rooflab grade` takes from a submission (it restores every other from labs/).
+SOLUTION_TAG = "solution"
 C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
 INLINE = re.compile(r"^(\s*)# rooflab-inline: ([\w.]+):([\w,\s]+)$")
 MASTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.md$")
@@ -179,14 +182,16 @@ def notebook_json(cells: list[Cell], stem: str, learner: bool) -> str:
     """A notebook (nbformat 4.5) as JSON text: no outputs, stable ids, sorted keys."""
     nb_cells = []
     for index, cell in enumerate(cells):
-        source = cell.source
+        source, tags = cell.source, list(cell.tags)
         if cell.kind == "code":
             source = inline(source)
+            if regions(source):  # the learner's to write: a grader takes it from them
+                tags.append(SOLUTION_TAG)
             source = stub(source) if learner else solution(source)
         entry = {
             "cell_type": cell.kind,
             "id": f"{stem[:2]}-{index:03d}",
-            "metadata": {"tags": cell.tags} if cell.tags else {},
+            "metadata": {"tags": tags} if tags else {},
             "source": source.splitlines(keepends=True),
         }
         if cell.kind == "code":

@@ -86,7 +86,12 @@ def test_notebooks_are_deterministic_and_without_outputs():
     assert len(set(ids)) == len(ids)
     code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
     assert all(c["outputs"] == [] and c["execution_count"] is None for c in code)
-    assert code[1]["metadata"]["tags"] == ["check", "nbval-ignore-output"]
+    # The master's tags, and "solution" on the cell with a solution region (the one a
+    # grader takes from a submission), in either notebook.
+    assert code[0]["metadata"] == {}
+    assert code[1]["metadata"]["tags"] == ["check", "nbval-ignore-output", "solution"]
+    solved = json.loads(build.notebook_json(cells, "07_demo", learner=False))
+    assert [c["metadata"] for c in solved["cells"]] == [c["metadata"] for c in notebook["cells"]]
 
 
 def test_committed_notebooks_match_their_masters():
