@@ -17,10 +17,14 @@ _versions.warn_if_broken()
 
 from .device import current as current_device  # noqa: E402
 from .engine import CheckFailed, check, explore, passed  # noqa: E402
+from .grading import record as _grading_record  # noqa: E402
 from .hints import hint  # noqa: E402
 from .problem import Case, Cost, Levels, Problem, Tolerance, all_problems, register  # noqa: E402
 from .problem import get as get_problem  # noqa: E402
 from .result import CheckResult  # noqa: E402
+
+# Under `rooflab grade`: note the timers and the grader now, before any learner code.
+_grading_record.start()
 
 __all__ = [
     "Case",

@@ -305,7 +305,7 @@ def _fraction(text: str) -> float:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from .release import release
+    from .grading.release import release
 
     try:
         written = release(Path(args.root), Path(args.out))
@@ -313,6 +313,48 @@ def cmd_release(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     print(f"wrote {len(written)} files to {args.out}: the learner notebooks, the autograder, "
           "kernels/ with every answer replaced by its stub, make lab and make test")
+    return EXIT_PASS
+
+
+def _bytes(text: str) -> int:
+    """ "8G", "512M" or a number of bytes -> bytes; "0" -> 0 (no cap)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        if text and text[-1].upper() in units:
+            return int(float(text[:-1]) * units[text[-1].upper()])
+        return int(text)
+    except ValueError:
+        raise UsageError(f"a memory size is like 8G or 512M, not {text!r}") from None
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    from .grading import gradebook
+    from .grading.grade import Limits, grade
+
+    out = Path(args.out)
+    if args.merge:
+        views = gradebook.merge([Path(p) for p in args.submissions], out)
+        print(f"merged {len(gradebook.load_results(out))} results into {out}: "
+              + ", ".join(v.name for v in views))
+        return EXIT_PASS
+    labs = Path(args.labs)
+    if not any(labs.glob("[0-9][0-9]_*.ipynb")):
+        raise UsageError(f"no lab notebooks (NN_topic.ipynb) in {labs.resolve()}: give "
+                         "--labs, the labs/ folder of the release the class received")
+    if args.shard and not re.fullmatch(r"\d+/\d+", args.shard):
+        raise UsageError(f"--shard is i/n, e.g. 2/4, not {args.shard!r}")
+    limits = Limits(args.cell_timeout, args.notebook_timeout, _bytes(args.memory))
+    try:
+        grade([Path(p) for p in args.submissions], out, labs, limits, jobs=args.jobs,
+              resume=args.resume, shard_spec=args.shard)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except KeyboardInterrupt:
+        print(f"rooflab grade: interrupted; the results written so far are in {out}/results: "
+              "run the same command with --resume to grade the rest", file=sys.stderr)
+        return 130
+    print(f"gradebook: {out / 'gradebook.html'} (also gradebook.json, gradebook.csv, "
+          "junit.xml)")
     return EXIT_PASS
 
 
@@ -373,6 +415,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="a new folder to write it to")
     p.add_argument("--root", default=".", help="the repository (default: here)")
 
+    p = commands.add_parser(
+        "grade", help="grade a class's notebooks into a gradebook",
+        description="Grade each learner's notebooks: every cell but the learner's own is "
+        "put back as the lab has it, each notebook runs in a fresh kernel with limits, and "
+        "each exercise is decided outside the learner's process, its answers checked "
+        "again. Writes OUT/gradebook.html, .json, .csv and junit.xml, and one result per "
+        "learner and lab in OUT/results/. Exits 0 when grading worked, whatever the "
+        "grades.",
+        epilog="examples:\n  rooflab grade submissions/* --out gradebook/\n"
+        "  rooflab grade alice.zip bob/ carol.ipynb --out gradebook/ --labs course/labs\n"
+        "  rooflab grade submissions/* --out shard-2 --shard 2/4   (then:)\n"
+        "  rooflab grade --merge shard-* --out gradebook/",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("submissions", nargs="+", metavar="SUBMISSION",
+                   help="one per learner: a notebook (the learner is its file name), or a "
+                   "folder or a zip of notebooks (the learner is the folder's or zip's name)")
+    p.add_argument("--out", required=True, help="the gradebook folder")
+    p.add_argument("--labs", default="labs", help="the lab notebooks the class received "
+                   "(default: labs/)")
+    p.add_argument("--jobs", type=int, default=0, help="notebooks graded at once (default: "
+                   "half the CPU cores; always 1 on a GPU, so timings do not collide)")
+    p.add_argument("--cell-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="per cell (default 600): the kernel is interrupted, the cell fails")
+    p.add_argument("--notebook-timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="per notebook (default 3600): then it is ended, kernel and all")
+    p.add_argument("--memory", default="8G", help="address-space cap of each notebook's "
+                   "kernel (default 8G; 0: none; give 0 on a GPU, whose driver maps far more)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip each notebook whose result is already in OUT/results/")
+    p.add_argument("--shard", metavar="I/N", help="grade only the I-th of N shares "
+                   "(CI matrix, job array); join them with --merge")
+    p.add_argument("--merge", action="store_true",
+                   help="SUBMISSIONS are shard folders: join their results into OUT")
+
     p = commands.add_parser("build", help="write labs/ and solutions/ from the masters")
     p.add_argument("--check", action="store_true", help="only say which notebooks are stale")
     p.add_argument("--root", default=".", help="the repository (default: here)")
@@ -393,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"doctor": cmd_doctor, "list": cmd_list, "check": cmd_check,
             "roofline": cmd_roofline, "build": cmd_build, "trace": cmd_trace,
-            "bench": cmd_bench, "release": cmd_release}
+            "bench": cmd_bench, "release": cmd_release, "grade": cmd_grade}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rooflab.autograder.cli import EXIT_PASS, EXIT_USAGE, main
-from rooflab.autograder.release import release, solution_lines, without_answers
+from rooflab.autograder.grading.release import release, solution_lines, without_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "book" / "_build" / "html"
 LABS = sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
-CONCEPTS = ["roofline", "coalescing", "tiling", "online-softmax", "io-aware-attention"]
+# The concept pages, in the order of the table of contents (book/myst.yml).
+CONCEPTS = re.findall(r"file: concepts/([\w-]+)\.md", (ROOT / "book" / "myst.yml").read_text())
 JUPYTERLAB = "http://localhost:8888/lab/tree/"
 
 needs_book = pytest.mark.skipif(not (SITE / "index.html").exists(),

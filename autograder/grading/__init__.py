@@ -1,0 +1,15 @@
+"""The instructor's side of the course: hand it out, then grade what comes back.
+
+* ``release.py``: ``rooflab release OUT/``, the course without its answers.
+* ``cells.py``: which cells of a submission are the learner's; every other is put back
+  as the lab has it, so a deleted or edited check changes nothing.
+* ``record.py``: inside the learner's kernel, what each check leaves for the grader (its
+  answers, to be checked again outside) and whether the timers were replaced.
+* ``execute.py``: one notebook in a fresh kernel, with time limits and a memory cap; a
+  crash ends an exercise, not the grading.
+* ``verdicts.py``: the grade of each exercise, decided outside the learner's process.
+* ``gradebook.py``: the gradebook as JSON, CSV, HTML and JUnit XML, written atomically;
+  shards merged.
+* ``grade.py``: ``rooflab grade SUBMISSIONS… --out DIR``, the whole class, in parallel,
+  resumable, in shards.
+"""

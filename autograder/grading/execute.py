@@ -1,0 +1,136 @@
+"""One notebook in a fresh kernel, as a grader runs it: limits, and a crash that ends one
+exercise rather than the grading.
+
+``python -m rooflab.autograder.grading.execute`` is started by the grader (grade.py) once
+per submission, in its own session, so that a notebook that outlives its time limit can be
+ended with everything it started. Here:
+
+* a fresh IPython kernel of this Python runs the notebook cell by cell (nbclient, as nbval
+  does), with a time limit per cell (the kernel is interrupted, and the cell fails);
+* the kernel inherits a cap on its address space (``--memory``): a huge allocation fails
+  as a MemoryError in its cell;
+* a cell that ends the kernel (``os._exit``, a segfault, ``sys.exit`` in a thread, the
+  memory cap hit in native code) is noted, and the notebook runs again from the top in a
+  new kernel with that cell replaced by an error, so the exercises after it are graded;
+* every check leaves its record in ``--into``/records (record.py), and the kernel's
+  process id in ``--into``/kernel.pid, for the grader to end it if it must.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import record
+
+RESTARTS = 3  # cells that may end the kernel before the rest of the notebook is given up
+CRASHED = "CellEndedTheKernel"
+
+
+def _kernel_manager():
+    """A kernel manager that starts this very Python's ipykernel (the course's
+    environment), not whichever "python3" kernel Jupyter finds first."""
+    from jupyter_client.kernelspec import KernelSpec
+    from jupyter_client.manager import AsyncKernelManager
+
+    class ThisPython(AsyncKernelManager):
+        @property
+        def kernel_spec(self) -> KernelSpec:
+            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f",
+                                    "{connection_file}"], display_name="rooflab grading",
+                              language="python")
+
+    return ThisPython()
+
+
+def _error_output(name: str, value: str) -> dict:
+    return {"output_type": "error", "ename": name, "evalue": value, "traceback": []}
+
+
+def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
+    """Run ``notebook`` (nbformat 4 as a dict), keeping its outputs; return what happened:
+    each code cell's error (if any) and seconds, and the cells that ended the kernel."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+
+    crashed: dict[int, str] = {}
+    records = into / "records"
+    for _ in range(RESTARTS + 1):
+        shutil.rmtree(records, ignore_errors=True)  # a rerun's records replace the last's
+        records.mkdir(parents=True)
+        nb = nbformat.from_dict(json.loads(json.dumps(notebook)))
+        client = NotebookClient(nb, km=_kernel_manager(), timeout=cell_timeout,
+                                interrupt_on_timeout=True, allow_errors=True,
+                                resources={"metadata": {"path": str(workdir)}})
+        cells: list[dict] = []
+        current = -1
+        try:
+            with client.setup_kernel(env=_kernel_env(into)):
+                (into / "kernel.pid").write_text(str(client.km.provisioner.pid))
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type != "code":
+                        continue
+                    current = index
+                    start = time.monotonic()
+                    if index in crashed:
+                        error = _error_output(CRASHED, crashed[index])
+                        cell.outputs = [nbformat.from_dict(error)]
+                    else:
+                        client.execute_cell(cell, index)
+                    seconds = time.monotonic() - start
+                    errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+                    error = f"{errors[0]['ename']}: {errors[0]['evalue']}" if errors else ""
+                    if error.startswith("KeyboardInterrupt") and seconds >= cell_timeout:
+                        error = (f"it ran past the cell time limit of {cell_timeout:g} s and "
+                                 "was interrupted")
+                    cells.append({"index": index, "id": cell.get("id", ""),
+                                  "seconds": round(seconds, 3), "error": error})
+        except DeadKernelError:
+            crashed[current] = ("this cell ended the kernel (os._exit, sys.exit in a thread, "
+                                "a crash in native code, or the memory cap): the rest of the "
+                                "notebook ran again in a new kernel without it")
+            continue
+        nbformat.write(nb, into / "executed.ipynb")
+        return {"cells": cells, "crashed": sorted(crashed)}
+    return {"cells": [], "crashed": sorted(crashed), "gave_up": f"more than {RESTARTS} cells "
+            "ended the kernel: the notebook was not run to the end"}
+
+
+def _kernel_env(into: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env[record.INTO_ENV] = str(into / "records")
+    return env
+
+
+def cap_memory(limit_bytes: int) -> None:
+    """Cap this process's address space, and so its kernel's (which inherits it)."""
+    if limit_bytes > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rooflab.autograder.grading.execute")
+    parser.add_argument("notebook", type=Path)
+    parser.add_argument("--into", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--cell-timeout", type=float, required=True)
+    parser.add_argument("--memory", type=int, default=0, help="bytes; 0: no cap")
+    args = parser.parse_args(argv)
+    cap_memory(args.memory)
+    outcome = run(json.loads(args.notebook.read_text()), args.into, args.workdir,
+                  args.cell_timeout)
+    partial = args.into / "run.json.partial"
+    partial.write_text(json.dumps(outcome))
+    partial.replace(args.into / "run.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

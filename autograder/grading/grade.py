@@ -1,0 +1,293 @@
+"""``rooflab grade SUBMISSIONS… --out DIR``: a class's notebooks, graded.
+
+Each argument is one learner: a notebook (the learner is its file name), a folder of
+notebooks or a zip of them (the learner is the folder's or the zip's name). Each notebook
+is matched to its lab by its cell ids (``05-012`` is lab 05), and graded so:
+
+1. cells.py puts back every cell that is not the learner's, as the lab has it, and notes
+   each one the submission had changed;
+2. execute.py runs it in a fresh kernel, in a process of its own, with limits: per cell,
+   per notebook (then it is ended, kernel and all) and on memory;
+3. verdicts.py decides each exercise here, from the checks' records, checking every
+   answer again;
+4. gradebook.py writes the learner's result, then the class's views.
+
+Notebooks are graded in parallel (``--jobs``), except on a GPU, where timings would
+disturb each other: one at a time there. ``--resume`` skips every notebook whose result is
+already written; ``--shard i/n`` grades every n-th notebook from the i-th, for a CI matrix
+or a job array, and ``rooflab grade --merge SHARD_DIRS… --out DIR`` joins them.
+
+The exit status says whether grading worked (0), not what the grades are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import gradebook, record
+from .cells import CHECK_TAG, exercises, restore
+from .verdicts import Grade, grade_exercises
+
+
+@dataclass
+class Limits:
+    cell_s: float = 600.0
+    notebook_s: float = 3600.0
+    memory_bytes: int = 0  # 0: no cap
+
+
+@dataclass
+class Task:
+    learner: str
+    notebook: Path
+    lab: Path  # labs/NN_topic.ipynb, the lab it answers
+
+    @property
+    def lab_name(self) -> str:
+        return self.lab.stem
+
+
+def find_tasks(paths: list[Path], labs: Path, unpack_into: Path) -> tuple[list[Task], list[str]]:
+    """Every (learner, notebook) to grade, and what could not be (in words)."""
+    tasks, problems = [], []
+    for path in paths:
+        if path.suffix == ".zip":
+            learner = path.stem
+            folder = unpack_into / learner
+            with zipfile.ZipFile(path) as archive:
+                archive.extractall(folder)
+            notebooks = sorted(folder.rglob("*.ipynb"))
+        elif path.is_dir():
+            learner, notebooks = path.name, sorted(path.rglob("*.ipynb"))
+        elif path.suffix == ".ipynb":
+            learner, notebooks = path.stem, [path]
+        else:
+            problems.append(f"{path}: not a notebook, a folder or a zip")
+            continue
+        notebooks = [nb for nb in notebooks if ".ipynb_checkpoints" not in nb.parts]
+        if not notebooks:
+            problems.append(f"{path}: no notebook in it")
+        for notebook in notebooks:
+            lab = lab_of(notebook, labs)
+            if lab is None:
+                problems.append(f"{notebook}: matches no lab in {labs}")
+            else:
+                tasks.append(Task(learner, notebook, lab))
+    return tasks, problems
+
+
+def lab_of(notebook: Path, labs: Path) -> Path | None:
+    """The lab a notebook answers: the lab number its cell ids carry, else its file name."""
+    try:
+        cells = json.loads(notebook.read_text()).get("cells", [])
+    except (OSError, ValueError):
+        cells = []
+    prefixes = Counter(str(cell.get("id", ""))[:2] for cell in cells
+                       if str(cell.get("id", ""))[:2].isdigit())
+    number = prefixes.most_common(1)[0][0] if prefixes else notebook.name[:2]
+    found = sorted(labs.glob(f"{number}_*.ipynb")) if number.isdigit() else []
+    return found[0] if found else None
+
+
+def shard(tasks: list[Task], spec: str | None) -> list[Task]:
+    """``i/n``: the i-th of n shards (1-based), every n-th task in a stable order."""
+    ordered = sorted(tasks, key=lambda t: (t.learner, t.lab_name, str(t.notebook)))
+    if not spec:
+        return ordered
+    index, count = (int(part) for part in spec.split("/"))
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard {spec}: i must be between 1 and n")
+    return ordered[index - 1::count]
+
+
+def with_cell_markers(notebook: dict) -> dict:
+    """Each check cell tells the record which cell it is (record.at_cell), first."""
+    for cell in notebook["cells"]:
+        if cell.get("cell_type") == "code" and CHECK_TAG in cell.get("metadata", {}).get(
+                "tags", []):
+            source = cell["source"] if isinstance(cell["source"], str) else "".join(
+                cell["source"])
+            cell["source"] = (f'__import__("rooflab.autograder.grading.record", fromlist=["_"])'
+                              f'.at_cell({cell["id"]!r})\n' + source)
+    return notebook
+
+
+def grade_one(task: Task, limits: Limits, seed: int) -> dict:
+    """Grade one notebook: its result (what the gradebook holds)."""
+    lab = json.loads(task.lab.read_text())
+    start = time.monotonic()
+    result = {"learner": task.learner, "lab": task.lab_name, "notebook": str(task.notebook),
+              "mode": _mode(), "changed": [], "problems": [], "grades": [], "seconds": 0.0,
+              "started": time.time()}
+    try:
+        submission = json.loads(task.notebook.read_text())
+    except (OSError, ValueError) as error:
+        submission = None
+        result["problems"].append(f"the notebook could not be read: {error}")
+    wanted = exercises(lab)
+    if submission is None:
+        result["grades"] = [Grade(e.problem_id, e.cell_id, "FAIL", "not graded: the "
+                                  "notebook could not be read").as_dict() for e in wanted]
+        return result
+    restored = restore(lab, submission)
+    result["changed"], result["added_cells"] = restored.changed, restored.added
+    with tempfile.TemporaryDirectory(prefix="rooflab-grade-") as scratch:
+        into = Path(scratch)
+        (into / "notebook.ipynb").write_text(json.dumps(with_cell_markers(restored.notebook)))
+        run = _execute(into, task.lab.parent, limits, seed)
+        if run.get("killed"):
+            result["problems"].append(run["killed"])
+        for index in run.get("crashed", []):
+            result["problems"].append(f"cell {index} ended the kernel; the notebook ran "
+                                      "again without it")
+        records = [(json.loads(path.read_text()), path.with_name(f"{path.stem}-outputs.pt"))
+                   for path in sorted((into / "records").glob("[0-9]*.json"))]
+        grades = grade_exercises(wanted, run, records, seed)
+    result["grades"] = [grade.as_dict() for grade in grades]
+    result["seconds"] = round(time.monotonic() - start, 2)
+    result["finished"] = time.time()
+    return result
+
+
+def _mode() -> str:
+    from ..device import current
+
+    return current().mode
+
+
+def _execute(into: Path, workdir: Path, limits: Limits, seed: int) -> dict:
+    """Run execute.py on ``into``/notebook.ipynb in its own session; end it, kernel and
+    all, past the notebook's time limit. Returns its run.json (or what went wrong)."""
+    env = dict(os.environ, **{record.SEED_ENV: str(seed)})
+    # A check's own limit per case, under the cell's, so that an endless kernel fails
+    # its check with a message before the cell is interrupted.
+    env.setdefault("ROOFLAB_TIME_LIMIT", str(max(5.0, limits.cell_s / 4)))
+    command = [sys.executable, "-m", "rooflab.autograder.grading.execute",
+               str(into / "notebook.ipynb"), "--into", str(into), "--workdir", str(workdir),
+               "--cell-timeout", str(limits.cell_s), "--memory", str(limits.memory_bytes)]
+    worker = subprocess.Popen(command, env=env, start_new_session=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=open(into / "worker.log", "w"))  # noqa: SIM115
+    _running[worker.pid] = (worker, into)
+    try:
+        worker.wait(timeout=limits.notebook_s)
+    except subprocess.TimeoutExpired:
+        _end(worker, into)
+        run = _read_json(into / "run.json") or {}
+        run.setdefault("killed", f"the notebook ran past its time limit of "
+                                 f"{limits.notebook_s:g} s and was ended")
+        return run
+    finally:
+        _end_kernel(into)
+        _running.pop(worker.pid, None)
+    run = _read_json(into / "run.json")
+    if run is None:
+        log = (into / "worker.log").read_text()[-500:]
+        return {"killed": f"the grader's worker ended without a report (status "
+                          f"{worker.returncode}): {log}"}
+    return run
+
+
+# The workers running now, each in a session of its own: an interrupted grader ends them.
+_running: dict[int, tuple[subprocess.Popen, Path]] = {}
+_stopping = threading.Event()  # set when interrupted: a notebook ended now gets no result
+
+
+def _end_all() -> None:
+    for worker, into in list(_running.values()):
+        _end(worker, into)
+
+
+def _end(worker: subprocess.Popen, into: Path) -> None:
+    for pid in (worker.pid,):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    worker.wait()
+    _end_kernel(into)
+
+
+def _end_kernel(into: Path) -> None:
+    """The kernel runs in a session of its own: end it whatever state it is in."""
+    try:
+        pid = int((into / "kernel.pid").read_text())
+        os.killpg(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 0,
+          resume: bool = False, shard_spec: str | None = None, progress=sys.stderr) -> int:
+    """Grade every submission into ``out``; returns how many notebooks were graded now."""
+    from ..device import current
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rooflab-unpacked-") as unpacked:
+        tasks, problems = find_tasks(paths, labs, Path(unpacked))
+        for line in problems:
+            print(f"rooflab grade: {line}", file=progress)
+        tasks = shard(tasks, shard_spec)
+        todo = [t for t in tasks if not (resume and gradebook.result_path(
+            out, t.learner, t.lab_name).exists())]
+        if len(todo) < len(tasks):
+            print(f"rooflab grade: {len(tasks) - len(todo)} already graded (--resume)",
+                  file=progress)
+        on_gpu = current().can_measure
+        workers = 1 if on_gpu else (jobs or max(1, (os.cpu_count() or 2) // 2))
+        seed = secrets.randbelow(1 << 30)
+        done = 0
+
+        def one(task: Task) -> dict:
+            result = grade_one(task, limits, seed)
+            if _stopping.is_set():
+                raise KeyboardInterrupt  # its notebook was ended by the interruption
+            gradebook.write_atomic(gradebook.result_path(out, task.learner, task.lab_name),
+                                   json.dumps(result, indent=1))
+            return result
+
+        pool = ThreadPoolExecutor(max_workers=workers)
+        previous = signal.signal(signal.SIGTERM, _interrupted)
+        try:
+            for result in pool.map(one, todo):
+                done += 1
+                passed = sum(g["verdict"] == "PASS" for g in result["grades"])
+                print(f"[{done}/{len(todo)}] {result['learner']} {result['lab']}: {passed}/"
+                      f"{len(result['grades'])} passed, {result['seconds']:.1f} s",
+                      file=progress, flush=True)
+        except KeyboardInterrupt:
+            # Interrupted (Ctrl-C, or a job scheduler's SIGTERM): end every notebook still
+            # running, kernels too. What is written stays; --resume goes on from there.
+            _stopping.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            _end_all()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        pool.shutdown()
+    gradebook.write_views(out)
+    return done

@@ -1,0 +1,104 @@
+"""The grade of each exercise, decided here, in the grader's process, which never runs
+learner code.
+
+A notebook's own output proves nothing: a learner's code shares the kernel with ``check``
+and can print "PASS", patch the comparison, or skip the check. So an exercise passes only
+when its check cell left a record (record.py) that says so, the timers and the grader were
+not replaced before it, and every answer in that record is right when checked again here
+against this process's own reference (isolated.recheck).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import problem
+from ..isolated import recheck
+from .cells import Exercise
+
+
+@dataclass
+class Grade:
+    exercise: str  # the problem id
+    cell: str
+    verdict: str  # PASS, FAIL, NOT IMPLEMENTED or NEEDS A GPU
+    message: str
+    seconds: float = 0.0  # the check cell's own run time
+    performance: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "PASS"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def grade_exercises(exercises: list[Exercise], run: dict, records: list[tuple[dict, Path]],
+                    seed: int) -> list[Grade]:
+    """One Grade per exercise, from what the run did and what the checks recorded, the
+    checks' inputs made from ``seed`` (the grader's)."""
+    cells = {cell["id"]: cell for cell in run.get("cells", [])}
+    by_index = {cell["index"]: cell for cell in run.get("cells", [])}
+    grades, after = [], -1
+    for exercise in exercises:
+        cell = cells.get(exercise.cell_id, {})
+        seconds = float(cell.get("seconds", 0.0))
+        # Cells since the last exercise's check that ended the kernel or failed: the
+        # likely cause when this check could not run.
+        since = [c for i, c in sorted(by_index.items()) if after < i < cell.get("index", -1)]
+        crashes = [c["id"] for c in since if c["index"] in run.get("crashed", [])]
+        failed = [c for c in since if c["error"] and c["index"] not in run.get("crashed", [])]
+        after = cell.get("index", after)
+        mine = [(rec, outputs) for rec, outputs in records if rec.get("cell") == exercise.cell_id
+                and rec.get("problem") == exercise.problem_id]
+        if not mine:
+            why = _why_no_record(cell, run)
+            if crashes:
+                why = (f"cell {crashes[0]} ended the kernel (os._exit, a crash, or the memory "
+                       f"cap) and was left out when the notebook ran again; {why}")
+            elif failed:
+                why = f"cell {failed[0]['id']} failed ({failed[0]['error'][:200]}); {why}"
+            grades.append(Grade(exercise.problem_id, exercise.cell_id, "FAIL", why, seconds))
+            continue
+        rec, outputs = mine[-1]
+        grades.append(_judge(exercise, rec, outputs, seconds, seed))
+    return grades
+
+
+def _why_no_record(cell: dict, run: dict) -> str:
+    if run.get("gave_up"):
+        return f"not graded: {run['gave_up']}"
+    if not cell and run.get("killed"):
+        return f"not graded: {run['killed']}"
+    if not cell:
+        return "the check cell never ran: an earlier cell stopped the notebook"
+    if cell.get("error"):
+        return f"the check did not run: {cell['error'][:300]}"
+    return ("the check cell ran but no check reported: was `check` replaced or silenced? "
+            "Only the course's own check can grade an exercise")
+
+
+def _judge(exercise: Exercise, rec: dict, outputs: Path, seconds: float, seed: int) -> Grade:
+    verdict, message = str(rec.get("verdict", "FAIL")), str(rec.get("message", ""))
+    performance = rec.get("performance") or {}
+    if rec.get("replaced"):
+        names = ", ".join(rec["replaced"][:6])
+        return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
+                     f"the notebook replaced {names} before this check: a time or a verdict "
+                     "from a patched timer or grader proves nothing", seconds)
+    if verdict == "PASS" and rec.get("seed") != seed:
+        return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
+                     "the check ran on inputs other than the grader's", seconds)
+    if verdict == "PASS":
+        try:
+            spec = problem.get(exercise.problem_id)
+        except KeyError:
+            return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
+                         f"unknown problem {exercise.problem_id}", seconds)
+        wrong = recheck(spec, outputs, seed)
+        if wrong:
+            return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
+                         f"{wrong} (checked again outside the notebook's process)", seconds)
+    return Grade(exercise.problem_id, exercise.cell_id, verdict, message, seconds, performance)

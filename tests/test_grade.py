@@ -1,0 +1,244 @@
+"""`rooflab grade`, end to end on a CPU: a release is built, a class of seven submissions
+to lab 00 is graded in parallel, interrupted, and resumed; each learner gets the grade
+their notebook earns, whatever it did to the checks, the timer or the kernel."""
+
+import copy
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from rooflab.autograder.grading import gradebook
+from rooflab.autograder.grading.cells import exercises, restore
+from rooflab.autograder.grading.grade import Task, shard
+from rooflab.autograder.grading.release import release
+
+pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLVED = json.loads((ROOT / "solutions" / "00_roofline.ipynb").read_text())
+EXERCISES = ["roofline/cost_vector_add", "roofline/cost_softmax", "roofline/cost_matmul",
+             "roofline/cost_attention", "roofline/time_floor", "roofline/timer"]
+
+
+def _edit(cell_id: str, change) -> dict:
+    notebook = copy.deepcopy(SOLVED)
+    for cell in notebook["cells"]:
+        if cell["id"] == cell_id:
+            cell["source"] = change("".join(cell["source"]))
+    return notebook
+
+
+def _without(cell_id: str) -> dict:
+    notebook = copy.deepcopy(SOLVED)
+    notebook["cells"] = [c for c in notebook["cells"] if c["id"] != cell_id]
+    return notebook
+
+
+def _wrong_softmax_and_its_check_edited() -> dict:
+    notebook = _edit("00-008", lambda s: s.replace("flops = 5 * elements", "flops = 4 * elements"))
+    for cell in notebook["cells"]:
+        if cell["id"] == "00-009":
+            cell["source"] = 'print("PASS roofline/cost_softmax")'
+    return notebook
+
+
+CLASS = {
+    # learner: (how it is handed in, the notebook, what each exercise must get)
+    "alice": ("notebook", SOLVED, {}),
+    "bob": ("folder", _without("00-006"), {}),  # a check deleted: restored, and passes
+    "carol": ("zip", _wrong_softmax_and_its_check_edited(),
+              {"roofline/cost_softmax": "flops: got"}),
+    "dave": ("notebook", _edit("00-011", lambda s: "while True:\n    pass\n" + s),
+             {"roofline/cost_matmul": "cell 00-011 failed (it ran past the cell time limit"}),
+    "erin": ("notebook", _edit("00-028", lambda s: (
+        "import time as _time\n_clock = _time.perf_counter\n"
+        "_time.perf_counter = lambda: _clock() * 0.5  # a clock running at half speed\n") + s),
+        {"roofline/timer": "replaced time.perf_counter"}),
+    "frank": ("notebook", _edit("00-014", lambda s: "import os\nos._exit(0)\n" + s),
+              {"roofline/cost_attention": "cell 00-014 ended the kernel"}),
+    "grace": ("notebook", _edit("00-017", lambda s: (
+        "import torch\n_hog = torch.empty(1 << 40, dtype=torch.uint8)\n") + s),
+        {"roofline/time_floor": "cell 00-017 failed ("}),
+}
+
+
+def _hand_in(folder: Path, learner: str, how: str, notebook: dict) -> Path:
+    text = json.dumps(notebook)
+    if how == "folder":
+        (folder / learner).mkdir()
+        (folder / learner / "00_roofline.ipynb").write_text(text)
+        return folder / learner
+    if how == "zip":
+        with zipfile.ZipFile(folder / f"{learner}.zip", "w") as archive:
+            archive.writestr("work/lab00.ipynb", text)
+        return folder / f"{learner}.zip"
+    (folder / f"{learner}.ipynb").write_text(text)
+    return folder / f"{learner}.ipynb"
+
+
+def _ours(marker: str) -> list[int]:
+    """Processes whose command line or environment mentions ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in text:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class")
+    course = root / "course"
+    release(ROOT, course)
+    handed = root / "submissions"
+    handed.mkdir()
+    paths = [str(_hand_in(handed, learner, how, nb)) for learner, (how, nb, _) in CLASS.items()]
+    out, scratch = root / "gradebook", root / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "rooflab.autograder.cli", "grade", *paths, "--out",
+               str(out), "--labs", str(course / "labs"), "--jobs", "2", "--cell-timeout", "20",
+               "--memory", "6G"]
+    env = dict(os.environ, TMPDIR=str(scratch))  # every notebook's scratch, to find later
+    # First run: interrupted (Ctrl-C) once a notebook is graded.
+    first = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not list((out / "results").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    first_err = first.communicate(timeout=60)[1]
+    time.sleep(1)
+    left = _ours(str(scratch))
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    try:
+        second = subprocess.run([*command, "--resume"], env=env, capture_output=True,
+                                text=True, timeout=400)
+    finally:
+        for pid in _ours(str(scratch)):  # never leave a hung grading behind the suite
+            os.kill(pid, signal.SIGKILL)
+    return {"out": out, "first": (first.returncode, first_err), "left": left,
+            "before": before, "second": second, "scratch": scratch}
+
+
+def test_an_interrupted_grading_ends_its_notebooks_and_resumes_without_grading_twice(graded):
+    status, err = graded["first"]
+    assert status == 130, err
+    assert "--resume" in err
+    assert graded["left"] == [], "processes left running after the interruption"
+    assert graded["before"] and len(graded["before"]) < len(CLASS)
+    second = graded["second"]
+    assert second.returncode == 0, second.stderr
+    assert f"{len(graded['before'])} already graded (--resume)" in second.stderr
+    results = graded["out"] / "results"
+    for name, mtime in graded["before"].items():
+        assert (results / name).stat().st_mtime_ns == mtime, f"{name} was graded again"
+    assert len(list(results.glob("*.json"))) == len(CLASS)
+    assert _ours(str(graded["scratch"])) == []
+
+
+def test_each_learner_gets_the_grade_their_notebook_earns(graded):
+    results = {r["learner"]: r for r in gradebook.load_results(graded["out"])}
+    assert sorted(results) == sorted(CLASS)
+    for learner, (_, _, failing) in CLASS.items():
+        grades = {g["exercise"]: g for g in results[learner]["grades"]}
+        assert list(grades) == EXERCISES
+        for exercise, grade in grades.items():
+            if exercise in failing:
+                assert grade["verdict"] == "FAIL", (learner, exercise)
+                assert failing[exercise] in grade["message"], (learner, grade["message"])
+            else:
+                assert grade["verdict"] == "PASS", (learner, exercise, grade["message"])
+        assert results[learner]["seconds"] > 0
+
+
+def test_protected_cells_are_restored_and_reported(graded):
+    results = {r["learner"]: r for r in gradebook.load_results(graded["out"])}
+    assert results["bob"]["changed"] == ["check cell 00-006 deleted"]
+    assert results["carol"]["changed"] == ["check cell 00-009 edited"]
+    assert results["alice"]["changed"] == []
+
+
+def test_notebooks_are_graded_in_parallel(graded):
+    spans = sorted((r["started"], r["finished"]) for r in gradebook.load_results(graded["out"]))
+    assert any(b_start < a_end for (_, a_end), (b_start, _) in itertools.pairwise(spans))
+
+
+def test_the_views_agree_with_the_results(graded):
+    out = graded["out"]
+    suites = ElementTree.parse(out / "junit.xml").getroot()
+    failures = {s.get("name"): int(s.get("failures")) for s in suites}
+    assert failures == {f"{learner}.00_roofline": len(failing)
+                        for learner, (_, _, failing) in CLASS.items()}
+    rows = (out / "gradebook.csv").read_text().splitlines()
+    assert rows[0].startswith("learner,lab,exercise,verdict,points")
+    assert len(rows) == 1 + len(CLASS) * len(EXERCISES)
+    page = (out / "gradebook.html").read_text()
+    assert all(learner in page for learner in CLASS)
+    assert "predicted" in page  # a CPU grades correctness and predicts performance
+
+
+# --- the pieces, quickly ------------------------------------------------------------------
+
+LAB = json.loads((ROOT / "labs" / "00_roofline.ipynb").read_text())
+
+
+def test_exercises_are_the_check_cells_of_the_lab():
+    assert [e.problem_id for e in exercises(LAB)] == EXERCISES
+
+
+def test_a_submission_without_cell_ids_is_matched_by_its_solution_cells():
+    old = copy.deepcopy(SOLVED)
+    for cell in old["cells"]:
+        cell.pop("id", None)
+    restored = restore(LAB, old)
+    sources = {c["id"]: c["source"] for c in restored.notebook["cells"]}
+    assert "3 * n * dtype_bytes" in sources["00-005"]
+    assert restored.changed == []
+
+
+def test_cells_a_learner_added_are_kept_in_place_and_moved_checks_are_put_back():
+    mine = copy.deepcopy(SOLVED)
+    check = next(c for c in mine["cells"] if c["id"] == "00-006")
+    mine["cells"].remove(check)
+    mine["cells"].append(check)  # a check moved to the end
+    index = next(i for i, c in enumerate(mine["cells"]) if c["id"] == "00-005")
+    mine["cells"].insert(index + 1, {"cell_type": "code", "id": "scratch", "metadata": {},
+                                     "source": "helper = 1", "outputs": [],
+                                     "execution_count": None})
+    restored = restore(LAB, mine)
+    ids = [c["id"] for c in restored.notebook["cells"]]
+    assert ids.index("scratch") == ids.index("00-005") + 1
+    assert ids.index("00-006") == ids.index("scratch") + 1
+    assert restored.added == 1
+
+
+def test_shards_split_the_class_and_merge_back(tmp_path):
+    tasks = [Task(name, Path(f"{name}.ipynb"), Path("labs/00_roofline.ipynb"))
+             for name in "abcdefg"]
+    parts = [shard(tasks, f"{i}/3") for i in (1, 2, 3)]
+    assert sorted(t.learner for part in parts for t in part) == list("abcdefg")
+    for i, part in enumerate(parts):
+        for task in part:
+            gradebook.write_atomic(gradebook.result_path(tmp_path / f"s{i}", task.learner,
+                                                         "00_roofline"),
+                                   json.dumps({"learner": task.learner, "lab": "00_roofline",
+                                               "notebook": "", "seconds": 1.0, "grades": []}))
+    gradebook.merge([tmp_path / f"s{i}" for i in range(3)], tmp_path / "all")
+    merged = gradebook.load_results(tmp_path / "all")
+    assert [r["learner"] for r in merged] == list("abcdefg")
+    with pytest.raises(ValueError):
+        shard(tasks, "4/3")
