@@ -258,8 +258,9 @@ def check(
     kernel would land on ``target`` (a card from the datasheet table, or a ceilings JSON
     measured on a GPU; default $ROOFLAB_TARGET or the H100 SXM datasheet).
 
-    Each case may run for ``time_limit`` seconds (default $ROOFLAB_TIME_LIMIT, else 120):
-    an endless loop fails the check, naming the case, instead of hanging it.
+    Each case may run for ``time_limit`` seconds (default $ROOFLAB_TIME_LIMIT, else 120;
+    a problem on N ranks has its own default): an endless loop fails the check, naming
+    the case, instead of hanging it.
     ``keep_outputs`` keeps a copy of each case's answer in ``result.outputs`` (by case
     index), for a grader in another process to check again (``isolated.py``).
 
@@ -273,6 +274,11 @@ def check(
         seed = grading_record.seed() if seed is None else seed
         keep_outputs = True
     seed = _new_seed() if seed is None else seed
+    if spec.kernel == "ranks":  # N processes in a process group: ranks/ runs and judges them
+        from .ranks.check import check_ranks
+
+        return _finish(spec, check_ranks(spec, candidate, seed, time_limit, keep_outputs),
+                       show, raise_on_failure)
     result = CheckResult(spec.id, info.mode, seed)
     run = _Runner(spec, candidate, dev)
     recording = Recording()

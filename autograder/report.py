@@ -52,7 +52,7 @@ def html(result: CheckResult) -> str:
     if result.cases or result.skipped:
         rows = "".join(
             f"<tr><td>{'✓' if c.ok else '✗'}</td><td>{esc(c.case.label)}</td>"
-            f"<td>{esc(c.summary)}</td></tr>"
+            f"<td>{esc(c.summary)}{_details(c.details)}</td></tr>"
             for c in result.cases
         )
         for skipped in result.skipped:  # "label: why", as the engine writes it
@@ -70,6 +70,14 @@ def html(result: CheckResult) -> str:
         parts.append(f"<div style='color: #57606a'>{esc(perf.bottleneck)}</div>")
     parts.append(f"<div style='color: #57606a'>seed {result.seed}</div></div>")
     return "\n".join(parts)
+
+
+def _details(lines: list[str]) -> str:
+    """A case's lines under its summary (one per rank of a multi-process case)."""
+    if not lines:
+        return ""
+    text = _html.escape("\n".join(lines))
+    return f"<pre style='margin: 2px 0 0; font-size: 12px; white-space: pre-wrap'>{text}</pre>"
 
 
 def _roofline_figure(result: CheckResult):

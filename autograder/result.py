@@ -16,6 +16,9 @@ class CaseResult:
     comparison: Comparison | None = None
     error: str = ""  # what went wrong outside the comparison: an exception, modified inputs
     advice: str = ""  # the likely cause of a wrong answer and its fix, when one shows
+    # Lines under the case: one per rank of a multi-process case (where each stood, a
+    # traceback), shown in the message and on the card.
+    details: list[str] = field(default_factory=list)
 
     @property
     def explained(self) -> str:
@@ -195,6 +198,7 @@ class CheckResult:
         for case in self.cases:
             mark = "ok  " if case.ok else "FAIL"
             lines.append(f"  {mark} {case.case.label}: {case.summary}")
+            lines += [f"         {detail}" for detail in case.details]
         lines += [f"  skip {reason}" for reason in self.skipped]
         if self.performance:
             lines.append(f"  {self.performance.bottleneck}")

@@ -1,0 +1,316 @@
+"""Collectives: an all-reduce written from point-to-point messages, on N ranks.
+
+``collectives/ring_allreduce`` calls the learner's ``(x) -> sum over ranks`` on every rank
+of a gloo process group (``ranks/``) and grades three things:
+
+* the answer: the sum, on every rank, bit for bit the same on all of them; integers
+  exactly as ``dist.all_reduce`` gives them (an integer sum is exact in any order);
+* the order of the sums: in a ring each element is added up rank after rank around the
+  ring, starting from the rank where its chunk starts, and each chunk starts at a
+  different rank. A naive all-reduce sums every element in one order, a tree in pairs:
+  in fp32 the last bits tell them apart (at N >= 3; at N = 2, a + b = b + a);
+* the messages each rank sent, from the record of its torch.distributed calls: only to
+  its ring neighbour, 2(N − 1) steps, one chunk each, 2(N − 1)/N·S bytes in all. At N = 2
+  a ring, a naive exchange and a tree send the same bytes, and only the number and size
+  of the messages differ.
+
+A dropped remainder shows only where N does not divide the size: most cases' sizes are
+such. A tree shows in its order at N = 4, a naive all-reduce at N = 3.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..compare import Comparison, compare
+from ..problem import DEFAULT_TOLERANCES, EXACT, Case, Cost, register
+from ..ranks import RanksProblem
+from ..ranks.problem import world_size
+from ..ranks.record import RankLog
+from ..result import CaseResult
+
+F32, I64, I32 = torch.float32, torch.int64, torch.int32
+REMAINDER = "N does not divide the size"
+TINY = "fewer elements than ranks"
+EXACT_NOTE = "exact: as dist.all_reduce"
+# Below this many elements per chunk, two ring orders can give the same bits over a whole
+# chunk by chance; the order is graded only above it.
+ORDER_MIN_CHUNK = 64
+
+
+def _case(ranks: int, dtype: torch.dtype = F32, note: str = "", **shape: int) -> Case:
+    return Case({"ranks": ranks, **shape}, dtype, note=note)
+
+
+CASES = [
+    _case(2, n=4096),  # N = 2: only the messages' number and size tell a ring apart
+    _case(3, n=3001, note=REMAINDER),
+    _case(4, n=4096),
+    _case(4, rows=37, cols=29, note=REMAINDER),  # a 2-D tensor, 1073 elements
+    _case(5, I64, n=5003, note=EXACT_NOTE),
+    _case(5, I32, n=1000, note=EXACT_NOTE),
+    _case(8, n=65539, note=REMAINDER),
+    _case(8, n=6, note=TINY),
+]
+
+
+def _shape(case: Case) -> tuple[int, ...]:
+    return tuple(size for name, size in case.sizes.items() if name != "ranks")
+
+
+def _elements(case: Case) -> int:
+    return math.prod(_shape(case))
+
+
+def make_inputs(case: Case, generator: torch.Generator, device: torch.device) -> list[tuple]:
+    """One tensor per rank: normal values, or integers in ±1000 (no sum can overflow)."""
+    shape = _shape(case)
+    if case.dtype.is_floating_point:
+        return [(torch.randn(shape, generator=generator, device=device).to(case.dtype),)
+                for _ in range(world_size(case))]
+    return [(torch.randint(-1000, 1001, shape, generator=generator, device=device,
+                           dtype=case.dtype),) for _ in range(world_size(case))]
+
+
+def reference(*xs: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks: in float64 for floats, exact for integers."""
+    if xs[0].is_floating_point():
+        return torch.stack([x.double() for x in xs]).sum(0)
+    return torch.stack(xs).sum(0, dtype=xs[0].dtype)
+
+
+def cost(case: Case) -> Cost:
+    """Per rank: the bytes a ring sends, and the additions of its reduce-scatter."""
+    n, size = world_size(case), _elements(case)
+    return Cost((n - 1) / n * size, 2 * (n - 1) / n * size * case.dtype.itemsize,
+                "fp32" if case.dtype.is_floating_point else "int")
+
+
+# --- the order of the sums ---------------------------------------------------------------
+
+def ring_sums(xs: torch.Tensor, direction: int) -> torch.Tensor:
+    """For each start rank a, every element summed as a ring sums it, in the inputs'
+    dtype: ((x_a + x_{a+d}) + x_{a+2d}) + ...  ``xs``: (N, S) -> (N, S)."""
+    n = xs.shape[0]
+    sums = xs.clone()
+    for start in range(n):
+        for hop in range(1, n):
+            sums[start] += xs[(start + direction * hop) % n]
+    return sums
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def _stretches(masks: list[int]) -> list[int]:
+    """The fewest stretches of consecutive elements that each share a start rank: for
+    each, the start ranks (bit a = rank a) that explain all of it."""
+    runs, current = [], 0
+    for mask in masks:
+        if current & mask:
+            current &= mask
+        else:
+            if current:
+                runs.append(current)
+            current = mask
+    return runs + [current]
+
+
+def _distinct_starts(runs: list[int], n: int) -> bool:
+    """Can each stretch have a start rank of its own? (A matching, tried path by path.)"""
+    owner: dict[int, int] = {}
+
+    def place(run: int, seen: set[int]) -> bool:
+        for start in range(n):
+            if runs[run] >> start & 1 and start not in seen:
+                seen.add(start)
+                if start not in owner or place(owner[start], seen):
+                    owner[start] = run
+                    return True
+        return False
+
+    return all(place(run, set()) for run in range(len(runs)))
+
+
+def ring_order(xs: torch.Tensor, out: torch.Tensor) -> str:
+    """"" if ``out`` (S,) is summed as some ring sums (either way round, any assignment
+    of chunks to start ranks); else what order it was summed in, in words."""
+    n, size = xs.shape
+    findings = []
+    for direction in (1, -1):
+        match = _bits(ring_sums(xs, direction)) == _bits(out)[None, :]
+        unexplained = ~match.any(0)
+        if bool(unexplained.any()):
+            findings.append((2, int(unexplained.sum()), int(unexplained.nonzero()[0])))
+            continue
+        weights = torch.tensor([1 << a for a in range(n)], dtype=torch.int64)[:, None]
+        runs = _stretches((match.to(torch.int64) * weights).sum(0).tolist())
+        if len(runs) == n and _distinct_starts(runs, n):
+            return ""
+        findings.append((1, len(runs), runs[0]))
+    kind, count, detail = min(findings)
+    if kind == 2:
+        i = detail
+        return (f"{count} of {size} elements are summed in no ring's order (element {i} is "
+                f"{float(out[i]):.9g}): a ring adds each element up rank after rank, "
+                "x_a + x_(a+1) + … in the tensor's own dtype, from the rank a where its chunk "
+                "starts. A tree (pairs, then pairs of pairs), a sum in float64, or another "
+                "library call sums in another order")
+    if count == 1:
+        start = (detail & -detail).bit_length() - 1
+        return (f"every element is summed in the same order, from rank {start} on "
+                f"(x_{start} + x_{(start + 1) % n} + …): each rank, or one rank, added up "
+                "the whole tensors, as a naive all-reduce does. In a ring each of the N "
+                "chunks is summed starting from a different rank")
+    return (f"the elements fall into {count} stretches summed in different orders, where a "
+            f"ring has N = {n} chunks, each summed around the ring from a different rank")
+
+
+# --- the messages --------------------------------------------------------------------------
+
+def message_causes(case: Case, logs: list[RankLog]) -> list[str]:
+    """The rules of a ring the ranks' messages break, each named once, at its first rank."""
+    n, size = world_size(case), _elements(case)
+    item = case.dtype.itemsize
+    steps = 2 * (n - 1)
+    ideal = 2 * (n - 1) / n * size  # elements each rank sends
+    largest = math.ceil(size / n) + n - 1  # one chunk, with a remainder's worth of slack
+    found: dict[str, str] = {}
+    for log in logs:
+        r, right, left = log.rank, (log.rank + 1) % n, (log.rank - 1) % n
+        sends, receives = log.sends(), log.receives()
+        collectives = sorted({call.op for call in log.collectives()})
+        if collectives:
+            found.setdefault("collective", (
+                f"rank {r} calls {', '.join('dist.' + op for op in collectives)}: the "
+                "exercise is to build the all-reduce from point-to-point messages "
+                "(dist.isend and dist.irecv)"))
+            if not sends and not receives:
+                continue  # the counts below would only say the same again
+        if not sends and not receives and not collectives:
+            found.setdefault("silent", f"rank {r} sent and received nothing through "
+                                       "torch.distributed")
+        strangers = [call for call in sends + receives if call.peer not in (right, left)]
+        if strangers:
+            call = strangers[0]
+            way = "sends to" if call.is_send else "receives from"
+            found.setdefault("neighbours", (
+                f"rank {r} {way} rank {call.peer} ({call.op} at step {call.step}), which is "
+                f"not its neighbour in the ring (ranks {left} and {right}): a ring passes "
+                "every message to the next rank"))
+        elif n > 2 and len({call.peer for call in sends}) > 1:
+            found.setdefault("neighbours", f"rank {r} sends to both its neighbours: a ring "
+                                           "sends one way round, receiving from the other")
+        counted = [len(sends), len(receives)]
+        if size < n:  # some chunks are empty: a ring may skip those messages
+            ok = max(counted) <= steps
+        else:
+            ok = counted == [steps, steps]
+        if not ok:
+            found.setdefault("steps", (
+                f"rank {r} made {_count(len(sends), 'send')} and "
+                f"{_count(len(receives), 'receive')}: a ring "
+                f"all-reduce takes 2(N − 1) = {steps} steps, N − 1 of reduce-scatter and "
+                "N − 1 of all-gather, one send and one receive each"))
+        big = [call for call in sends if call.elements > largest]
+        if big:
+            rows = " (cut the flattened tensor: chunks of whole rows differ by a row)" \
+                if len(_shape(case)) > 1 else ""
+            found.setdefault("size", (
+                f"rank {r} sends {big[0].elements:,} elements in one message, where a ring "
+                f"sends one chunk per step, n/N ≈ {size / n:,.0f}{rows}"))
+        sent = sum(call.bytes for call in sends)
+        if not (ideal - 2) * item <= sent <= 2 * (n - 1) / n * (size + n) * item:
+            found.setdefault("bytes", (
+                f"rank {r} sent {sent:,} B; a ring sends 2(N − 1)/N·S = "
+                f"{ideal * item:,.0f} B (S = {size * item:,} B)"))
+    return list(found.values())
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+# --- the answers ---------------------------------------------------------------------------
+
+def _remainder_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
+    size = want.numel()
+    tail = size % n
+    if not tail or out.shape != want.shape:
+        return ""
+    wrong = ~torch.isclose(out.reshape(-1).double(), want.reshape(-1).double(),
+                           rtol=1e-4, atol=1e-4)
+    if bool(wrong[-tail:].any()) and not bool(wrong[:-tail].any()):
+        which = "the last element is" if tail == 1 else f"the last {tail} elements are"
+        return (f"only {which} wrong, n mod N = {size} mod {n}: chunks "
+                f"of n // N = {size // n} elements leave the remainder out. Cut the tensor "
+                "into N chunks that cover it all, their sizes differing by one at most "
+                "(torch.tensor_split)")
+    return ""
+
+
+def grade(case: Case, inputs: list[tuple], outputs: list[object],
+          logs: list[RankLog]) -> CaseResult:
+    n = world_size(case)
+    xs = [args[0] for args in inputs]
+    want = reference(*xs)
+    floating = case.dtype.is_floating_point
+    tolerance = DEFAULT_TOLERANCES["fp32"] if floating else EXACT
+    first: Comparison | None = None
+    for rank, out in enumerate(outputs):
+        name = f"rank {rank}'s answer"
+        if isinstance(out, str):
+            return CaseResult(case, Comparison(False, cause=(
+                f"{name}: {out}, expected a torch.Tensor (did you forget to return it? "
+                "Working in place, return x)")))
+        seen = compare(out, want, dtype=case.dtype, device=torch.device("cpu"),
+                       tolerance=tolerance, name=name)
+        if not seen.ok:
+            return CaseResult(case, seen, advice=_remainder_advice(out, want, n))
+        first = first or seen
+    assert first is not None
+    for rank, out in enumerate(outputs[1:], start=1):
+        differ = _bits(out) != _bits(outputs[0])
+        if bool(differ.any()):
+            return CaseResult(case, Comparison(False, cause=(
+                f"rank {rank}'s answer differs from rank 0's in {int(differ.sum())} elements "
+                "(in the last bits): the ranks summed in different orders. In a ring each "
+                "chunk is summed once, on one rank, and every rank receives that sum")))
+    causes = message_causes(case, logs)
+    if floating and n >= 3 and _elements(case) >= ORDER_MIN_CHUNK * n:
+        order = ring_order(torch.stack([x.reshape(-1) for x in xs]),
+                           outputs[0].reshape(-1))
+        causes = [order, *causes] if order else causes
+    # The sum is right (``first`` says how close): what is left is how it was computed.
+    return CaseResult(case, first, error="; ".join(causes))
+
+
+register(RanksProblem(
+    id="collectives/ring_allreduce",
+    title="Ring all-reduce",
+    signature="ring_allreduce(x: Tensor) -> Tensor, on every rank: the sum of x over all "
+              "ranks (in place allowed)",
+    make_inputs=make_inputs,
+    reference=reference,
+    cost=cost,
+    cpu_cases=CASES,
+    gpu_cases=CASES,  # gloo processes in both worlds: one GPU cannot host N NCCL ranks
+    grade=grade,
+    solution="rooflab.kernels.collectives:ring_allreduce",
+    # Every answer is judged in the grader's own process already; `rooflab check` cannot
+    # recheck answers per rank (its recheck knows single-process cases), so it trusts it.
+    deterministic_reference=False,
+    hints=("Flatten x and cut it into N chunks whose sizes differ by at most one "
+           "(torch.tensor_split takes any size). N − 1 steps send a chunk to the right "
+           "neighbour and add the chunk arriving from the left into your own copy of it; N − "
+           "1 more steps pass the finished chunks around the same way.",
+           "Reduce-scatter step s: send chunk (r − s) mod N to rank r + 1, receive chunk "
+           "(r − s − 1) mod N from rank r − 1 into a buffer and add it in. After N − 1 steps "
+           "chunk r + 1 is complete on rank r. All-gather step s: send chunk (r + 1 − s), "
+           "receive chunk (r − s) straight into place. Post each step's isend and irecv "
+           "together, then wait for both: two blocking sends deadlock."),
+    answer_in=("ring_allreduce",),
+))

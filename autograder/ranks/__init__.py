@@ -1,0 +1,23 @@
+"""Grading code that runs on N ranks of a process group: ``check("collectives/...", fn)``.
+
+On a CPU, and in CI, the ranks are processes on torch.distributed's gloo backend; the
+learner's code is plain torch.distributed, so it runs unchanged under ``torchrun`` with
+NCCL on a multi-GPU machine. The modules, in the order a check goes through them:
+
+* ``problem.py``: ``RanksProblem``, a problem whose cases name their world size;
+* ``transport.py``: the learner's function, pickled by value (it may live in a notebook
+  cell, which no other process can import);
+* ``launch.py``: from the grader's side, start the launcher, wait, kill its process
+  group, read back the runs; the grader never joins a process group itself;
+* ``launcher.py``: the one process that imports torch and forks the ranks of each case,
+  keeps each case's time limit and reaps every rank;
+* ``rank.py``: one rank: join the group, call the function, save its answer;
+* ``record.py``: every torch.distributed call a rank makes (count, bytes, peer, order),
+  and the one it is blocked in, logged as it happens;
+* ``report.py``: a hang or a crash in words, rank by rank;
+* ``check.py``: the cases, judged, as a CheckResult.
+"""
+
+from .problem import KIND, RanksProblem
+
+__all__ = ["KIND", "RanksProblem"]

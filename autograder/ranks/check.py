@@ -1,0 +1,96 @@
+"""``check`` for a problem on N ranks: run the cases in rank processes, then judge.
+
+The engine hands a ``RanksProblem`` here. Each case's inputs are made here, one set per
+rank, from the seed; all cases go to the ranks in one launch (``launch.py``); the answers
+and the call records come back, and each case is judged in this process, against the
+problem's own reference: nothing the ranks do can change the verdict on their answers.
+A case that hangs, or in which a rank raises or dies, is reported here rank by rank
+(``report.py``); one that ends with every rank returning goes to the problem's ``grade``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+from ..result import CaseResult, CheckResult
+from ..time_limit import ENV as TIME_LIMIT_ENV
+from ..time_limit import default_s
+from . import launch, report, transport
+from .problem import RanksProblem, world_size
+
+MODE = "CPU: gloo, one process per rank; nothing timed (graded on counts)"
+
+
+def time_limit(spec: RanksProblem, given: float | None) -> float:
+    """check(time_limit=...) if given, else $ROOFLAB_TIME_LIMIT if set, else the problem's."""
+    if given is not None:
+        return given
+    return default_s() if os.environ.get(TIME_LIMIT_ENV) else spec.time_limit_s
+
+
+def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
+                time_limit_s: float | None = None, keep_outputs: bool = False) -> CheckResult:
+    """Grade ``candidate`` on every case of ``spec``; the CheckResult, shown by no one."""
+    result = CheckResult(spec.id, MODE, seed)
+    limit = time_limit(spec, time_limit_s)
+    cases = list(spec.cases(on_gpu=False)) or list(spec.gpu_cases)
+    inputs = [spec.make_inputs(case, torch.Generator().manual_seed(seed + index),
+                               torch.device("cpu")) for index, case in enumerate(cases)]
+    launched = launch.run(candidate, [(world_size(case), per_rank) for case, per_rank
+                                      in zip(cases, inputs, strict=True)], limit)
+    if not launched.cases:  # the function could not be sent, or loaded
+        result.causes = [launched.error]
+        return result
+    files = transport.code_files(candidate)
+    for index, (case, run) in enumerate(zip(cases, launched.cases, strict=True)):
+        if run.ended == "not run":  # the launcher stopped early: a failure, never a pass
+            why = launched.error or "the rank processes stopped before it"
+            result.cases.append(CaseResult(case, error=f"not run: {why}"))
+            break
+        if run.ended == "time limit":
+            error, advice, details = report.hang(run, files)
+            result.cases.append(CaseResult(case, error=error, advice=advice,
+                                           details=details + report.printed(run)))
+            break  # every later case would most likely hang too
+        if run.ended != "returned":
+            raised = [rank for rank in run.ranks if rank.log.raised is not None]
+            if raised and all(report.is_stub(rank, files) for rank in raised):
+                result.not_implemented = True
+                break
+            error, details = report.failure(run, files)
+            result.cases.append(CaseResult(case, error=error,
+                                           details=details + report.printed(run)))
+            continue
+        outputs = [rank.output for rank in run.ranks]
+        assert spec.grade is not None, f"{spec.id}: a RanksProblem needs grade"
+        judged = spec.grade(case, inputs[index], outputs, [rank.log for rank in run.ranks])
+        if not judged.ok:
+            judged.details += report.printed(run)
+        result.cases.append(judged)
+        if keep_outputs:
+            result.outputs[index] = tuple(outputs)
+    result.causes = _causes(result)
+    return result
+
+
+def _causes(result: CheckResult) -> list[str]:
+    """Why the candidate fails, most telling first (as the engine words it)."""
+    if result.not_implemented:
+        return ["not implemented yet: replace `raise NotImplementedError` with your code"]
+    failing = [case for case in result.cases if not case.ok]
+    if not failing:
+        return []
+    first = failing[0]
+    causes = [f"wrong on {first.case.label}: {first.explained}"]
+    if len(failing) > 1:
+        causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
+    shown = {first.error, first.advice}
+    for case in failing[1:]:
+        for text in (case.error, case.advice):
+            if text and text not in shown:
+                shown.add(text)
+                causes.append(f"on {case.case.label}: {text}")
+    return causes

@@ -1,0 +1,136 @@
+"""How the learner's function gets into the rank processes.
+
+A function written in a notebook cell lives in the Jupyter kernel's ``__main__``: no
+other process can import it by name. So it travels by value, pickled with cloudpickle,
+which writes a function's code, defaults, closure and the globals it uses. Functions of
+the course (``rooflab.*``) and of installed packages travel by reference and are imported
+in the ranks as usual; any other module's functions (a learner's ``my_ring.py``, a test
+module, a file loaded by path) travel by value too, since the ranks may not find that
+module on their path. The ranks also get the grader's ``sys.path`` and working folder, for
+the modules such a function imports.
+
+Without cloudpickle, plain pickle still sends a function that can be imported by name,
+and a cell's function fails with a message that says what to install.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+_INSTALLED = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
+              if (p := sysconfig.get_paths().get(key))}
+
+
+class CannotSend(Exception):
+    """The function cannot be pickled for the ranks; the message says why, in words."""
+
+
+def _importable_elsewhere(module: ModuleType) -> bool:
+    """Would a fresh Python with the same sys.path import this module as it is here?"""
+    if module.__name__ == "__main__":
+        return False
+    if module.__name__.split(".")[0] == "rooflab":
+        return True
+    file = getattr(module, "__file__", None)
+    if file is None:  # built in
+        return True
+    path = Path(file).resolve()
+    return any(path.is_relative_to(root) for root in _INSTALLED)
+
+
+def pack(function: Callable) -> bytes:
+    """The function as bytes the ranks can load with ``unpack``."""
+    try:
+        import cloudpickle
+    except ImportError:
+        try:
+            return pickle.dumps(function)
+        except (pickle.PicklingError, AttributeError, TypeError) as error:
+            raise CannotSend(
+                f"{_name(function)} cannot be sent to the rank processes without cloudpickle "
+                f"({error}): `pip install cloudpickle`, or define it in a module") from None
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    by_value = module is not None and module.__name__ != "__main__" and \
+        not _importable_elsewhere(module)
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(function)
+    except Exception as error:  # noqa: BLE001 (whatever fails, the learner needs words)
+        raise CannotSend(
+            f"{_name(function)} cannot be sent to the rank processes: {type(error).__name__}: "
+            f"{error}. It may use only what can be copied to another process: no open file, "
+            "lock, thread or process group of this one") from None
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def unpack(payload: bytes) -> Callable:
+    """The function again, in a rank (or the process that starts the ranks)."""
+    return pickle.loads(payload)
+
+
+def _name(function: Callable) -> str:
+    return f"`{getattr(function, '__qualname__', None) or type(function).__name__}`"
+
+
+def code_files(function: Callable) -> dict[str, list[tuple[int, int, str]]]:
+    """Where the code sent with the function came from: function name -> [(first line,
+    last line, file)]. cloudpickle writes every file name as "<dynamic-code>"; with this
+    the grader can point a rank's traceback at the learner's own cell or file again."""
+    found: dict[str, list[tuple[int, int, str]]] = {}
+    seen: set[int] = set()
+    pending: list[object] = [function]
+    while pending and len(seen) < 500:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        code = getattr(item, "__code__", None)
+        if code is None and callable(item) and not isinstance(item, type):
+            code = getattr(type(item).__call__, "__code__", None)  # a callable object
+        if code is None:
+            continue
+        for inner in _codes(code):
+            lines = [line for _, _, line in inner.co_lines() if line is not None]
+            last = max(lines, default=inner.co_firstlineno)
+            found.setdefault(inner.co_name, []).append(
+                (inner.co_firstlineno, last, inner.co_filename))
+        names = getattr(item, "__globals__", {})
+        pending += [names[name] for name in code.co_names
+                    if callable(names.get(name)) and not isinstance(names.get(name), type)]
+        pending += [cell.cell_contents for cell in getattr(item, "__closure__", None) or ()
+                    if _filled(cell) and callable(cell.cell_contents)]
+    return found
+
+
+def _codes(code):
+    yield code
+    for const in code.co_consts:
+        if hasattr(const, "co_lines"):
+            yield from _codes(const)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
+
+
+def real_file(files: dict[str, list[tuple[int, int, str]]], filename: str, line: int,
+              name: str) -> str:
+    """The file a rank's frame ("<dynamic-code>", line, function) really came from."""
+    if filename != "<dynamic-code>":
+        return filename
+    for first, last, path in files.get(name, ()):
+        if first <= line <= last:
+            return path
+    return filename

@@ -1,0 +1,388 @@
+"""collectives/ring_allreduce on real gloo processes: the course's ring passes; the naive
+all-reduce, a tree, a ring that drops the remainder, one that calls dist.all_reduce and
+one with a step too many each fail with their cause named; a deadlock and an exception on
+one rank are reported rank by rank, and leave no process behind."""
+
+from __future__ import annotations
+
+import _thread
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from mutants import mutant
+
+from rooflab.autograder import check, get_problem
+from rooflab.autograder.problems.collectives import EXACT_NOTE, ring_order
+from rooflab.autograder.ranks import launch
+from rooflab.kernels import collectives
+from rooflab.kernels.collectives import ring_allreduce
+
+PROBLEM = "collectives/ring_allreduce"
+
+
+def spec_with(*worlds: int, notes: tuple[str, ...] = ()):
+    """The problem cut down to its cases of these world sizes (and notes, if given)."""
+    spec = get_problem(PROBLEM)
+    cases = [case for case in spec.cpu_cases if case.sizes["ranks"] in worlds
+             and (not notes or case.note in notes)]
+    assert cases
+    return dataclasses.replace(spec, cpu_cases=cases, gpu_cases=cases)
+
+
+def grade(spec, fn, **options):
+    return check(spec, fn, show=False, raise_on_failure=False, **options)
+
+
+class Watch:
+    """Every process started with ``mark`` in its environment, seen while it ran (polled
+    from a thread): to check afterwards that each is gone, reaped, not even a zombie."""
+
+    def __init__(self, mark: str):
+        self.mark, self.pids = mark, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.05):
+            self.pids.update(alive_with(self.mark))
+
+    def left_behind(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return [pid for pid in self.pids if not gone(pid)] + alive_with(self.mark)
+
+
+@pytest.fixture
+def watch(monkeypatch) -> Watch:
+    """A mark in the environment of every process a check starts from here on, and a
+    watch on them."""
+    mark = f"rooflab-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ROOFLAB_TEST_MARK", mark)
+    return Watch(mark)
+
+
+def alive_with(mark: str) -> list[int]:
+    """Processes whose environment carries ``mark`` (this process's own, read from
+    /proc, is the one it started with, so it is never among them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                pass
+    return found
+
+
+def gone(pid: int) -> bool:
+    """No such process, not even a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# --- learners' versions ----------------------------------------------------------------------
+
+def tree_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Recursive doubling: log2 N exchanges of the whole tensor with rank ^ distance."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = x.contiguous().view(-1)
+    incoming = torch.empty_like(flat)
+    distance = 1
+    while distance < world:
+        for request in (dist.isend(flat, rank ^ distance), dist.irecv(incoming, rank ^ distance)):
+            request.wait()
+        flat += incoming
+        distance *= 2
+    return x
+
+
+def library_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+def raises_on_rank_2(x: torch.Tensor) -> torch.Tensor:
+    if dist.get_rank() == 2:
+        raise RuntimeError("rank 2 lost its way")
+    return ring_allreduce(x)
+
+
+def stub(x: torch.Tensor) -> torch.Tensor:
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+# --- the order of the sums, without processes ---------------------------------------------
+
+def simulated_ring(xs: torch.Tensor, starts: list[int], direction: int) -> torch.Tensor:
+    """What a ring computes in fp32: chunk c summed around the ring from rank starts[c]."""
+    n, size = xs.shape
+    out = torch.empty(size)
+    for chunk, where in enumerate(torch.arange(size).tensor_split(n)):
+        total = xs[starts[chunk], where].clone()
+        for hop in range(1, n):
+            total += xs[(starts[chunk] + direction * hop) % n, where]
+        out[where] = total
+    return out
+
+
+@pytest.mark.parametrize("direction", [1, -1])
+def test_any_ring_order_is_accepted_and_a_naive_or_tree_order_is_not(direction):
+    torch.manual_seed(0)
+    xs = torch.randn(4, 1001)
+    for starts in ([0, 1, 2, 3], [1, 2, 3, 0], [3, 0, 2, 1]):  # any chunk may start anywhere
+        assert ring_order(xs, simulated_ring(xs, starts, direction)) == ""
+    naive = xs[0] + xs[1] + xs[2] + xs[3]
+    assert "every element is summed in the same order, from rank 0 on" in ring_order(xs, naive)
+    tree = (xs[0] + xs[1]) + (xs[2] + xs[3])
+    assert "summed in no ring's order" in ring_order(xs, tree)
+    in_float64 = xs.double().sum(0).float()
+    assert "summed in no ring's order" in ring_order(xs, in_float64)
+    two_chunks_one_start = simulated_ring(xs, [0, 0, 2, 3], direction)
+    assert "stretches" in ring_order(xs, two_chunks_one_start)
+
+
+# --- the problem and the course's ring ---------------------------------------------------
+
+def test_the_cases_cover_every_world_size_and_sizes_that_do_not_divide():
+    cases = get_problem(PROBLEM).cpu_cases
+    assert {case.sizes["ranks"] for case in cases} == {2, 3, 4, 5, 8}
+
+    def size(case):
+        return torch.Size([v for k, v in case.sizes.items() if k != "ranks"]).numel()
+
+    ragged = {case.sizes["ranks"] for case in cases if size(case) % case.sizes["ranks"]}
+    assert {3, 4, 8} <= ragged  # where a dropped remainder shows
+    assert any(size(case) < case.sizes["ranks"] for case in cases)  # empty chunks
+    assert {torch.int64, torch.int32} <= {case.dtype for case in cases}  # exact answers
+
+
+def test_the_course_ring_passes_on_every_case():
+    result = grade(get_problem(PROBLEM), ring_allreduce)
+    assert result.passed, result.message()
+    assert len(result.cases) == len(get_problem(PROBLEM).cpu_cases)
+
+
+def test_the_course_ring_runs_unchanged_under_torchrun():
+    """Outside the grader, as on a multi-GPU machine (NCCL there, gloo here)."""
+    environment = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"} if sys.platform == "linux" \
+        else dict(os.environ)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=3", "-m", "rooflab.kernels.collectives",
+                           "--size", "1001"], capture_output=True, text=True, timeout=300,
+                          env=environment)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 ranks on " in done.stdout and "1,001 elements each" in done.stdout
+    assert "float32: ring_allreduce matches dist.all_reduce" in done.stdout
+    assert "int64: ring_allreduce matches dist.all_reduce" in done.stdout
+
+
+# --- each classic bug fails with its cause named ------------------------------------------
+
+def test_the_naive_all_reduce_fails_on_its_messages_at_n2_and_its_order_at_n3():
+    result = grade(spec_with(2, 3), collectives.naive_all_reduce)
+    message = result.message()
+    assert not result.passed
+    # N = 2: the same bytes as a ring, but one message of the whole tensor
+    assert "rank 0 made 1 send and 1 receive: a ring all-reduce takes 2(N − 1) = 2 steps" \
+        in message
+    assert "sends 4,096 elements in one message" in message
+    # N = 3: every element summed from rank 0 on, and messages both ways round
+    assert "every element is summed in the same order, from rank 0 on" in message
+    assert "rank 0 sends to both its neighbours" in message
+
+
+def test_a_tree_fails_on_its_order_and_its_partners():
+    result = grade(spec_with(2, 4), tree_all_reduce)
+    message = result.message()
+    assert not result.passed
+    assert "made 1 send and 1 receive" in message  # N = 2
+    assert "summed in no ring's order" in message  # N = 4: (x0 + x1) + (x2 + x3)
+    assert "rank 0 sends to rank 2" in message
+
+
+def test_a_dropped_remainder_fails_only_where_n_does_not_divide_the_size(tmp_path):
+    dropping = mutant(tmp_path, "collectives", (
+        "chunks = flat.tensor_split(world)",
+        "size = flat.numel() // world\n"
+        "    chunks = [flat[i * size:(i + 1) * size] for i in range(world)]"),
+        name="dropping_collectives").ring_allreduce
+    result = grade(spec_with(2, 3), dropping)
+    assert [case.ok for case in result.cases] == [True, False], result.message()
+    assert "only the last element is wrong, n mod N = 3001 mod 3" in result.message()
+
+
+def test_a_ring_that_calls_dist_all_reduce_fails_though_its_sums_are_right():
+    result = grade(spec_with(4, 5, notes=("", EXACT_NOTE)), library_all_reduce)
+    assert not result.passed
+    assert "rank 0 calls dist.all_reduce: the exercise is to build the all-reduce" \
+        in result.message()
+    # Its answers are right: the integer cases' exact sums are dist.all_reduce's.
+    assert {case.case.dtype for case in result.cases} == {torch.float32, torch.int64,
+                                                          torch.int32}
+    assert all(case.comparison is not None and case.comparison.ok for case in result.cases)
+
+
+def test_a_ring_with_a_step_too_many_fails_on_its_count(tmp_path):
+    extra = mutant(tmp_path, "collectives", ("for step in range(world - 1):  # all-gather",
+                                             "for step in range(world):  # all-gather"),
+                   name="extra_step_collectives").ring_allreduce
+    result = grade(spec_with(3), extra)
+    assert not result.passed
+    assert result.worst_case.comparison.ok  # the sum is right: the count fails it
+    assert "rank 0 made 5 sends and 5 receives: a ring all-reduce takes 2(N − 1) = 4 " \
+        "steps" in result.message()
+
+
+def test_the_stub_is_not_implemented():
+    result = grade(spec_with(2), stub)
+    assert result.verdict == "NOT IMPLEMENTED", result.message()
+
+
+def test_a_function_that_cannot_go_to_the_ranks_says_why():
+    lock = threading.Lock()
+
+    def holds_a_lock(x):
+        with lock:
+            return x
+
+    result = grade(spec_with(2), holds_a_lock)
+    assert not result.passed
+    assert "cannot be sent to the rank processes" in result.causes[0]
+
+
+# --- hangs and crashes -------------------------------------------------------------------
+
+def test_a_deadlock_is_stopped_at_the_time_limit_and_reported_rank_by_rank(watch):
+    started = time.monotonic()
+    result = grade(spec_with(4, notes=("",)), collectives.ring_allreduce_deadlock,
+                   time_limit=2)
+    took = time.monotonic() - started
+    message = result.message()
+    assert not result.passed and took < 30, (took, message)
+    assert "ran past the time limit of 2 s" in message
+    assert "every rank is blocked in a send, and none receives: a deadlock" in message
+    for rank in range(4):
+        assert f"rank {rank} blocked in send to rank {(rank + 1) % 4} at step 0" in message
+    assert "dist.send(chunks[(rank - step) % world], right)" in message  # the line
+    assert "Post the send and the receive together" in message
+    assert len(watch.pids) >= 5 and not watch.left_behind()  # the launcher and 4 ranks
+
+
+def test_an_exception_on_rank_2_is_reported_with_its_traceback(watch):
+    result = grade(spec_with(4, notes=("",)), raises_on_rank_2)
+    message = result.message()
+    assert not result.passed
+    assert result.causes[0].startswith("wrong on ranks=4 n=4096 fp32: rank 2 raised "
+                                       "RuntimeError: rank 2 lost its way (at "
+                                       "test_collectives.py:"), message
+    assert 'raise RuntimeError("rank 2 lost its way")' in message  # its line
+    assert "rank 2's traceback:" in message
+    # The others are shown waiting for rank 2, not failing for want of it.
+    assert "rank 1 blocked waiting for its isend to rank 2 at step 0" in message
+    assert "Connection closed" not in message
+    assert watch.pids and not watch.left_behind()
+
+
+def test_an_interrupted_check_leaves_no_process(watch):
+    """Jupyter's stop button: a KeyboardInterrupt while the ranks hang with no limit."""
+
+    def interrupt_once_the_ranks_run():
+        deadline = time.monotonic() + 60
+        while len(alive_with(watch.mark)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the launcher and its 2 ranks
+        time.sleep(0.5)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_the_ranks_run, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        grade(spec_with(2), collectives.ring_allreduce_deadlock, time_limit=0)
+    assert len(watch.pids) == 3 and not watch.left_behind()
+
+
+def test_every_process_of_a_launch_is_reaped_after_a_crash_and_a_hang():
+    def crash_then_hang(x):
+        if dist.get_world_size() == 3:
+            if dist.get_rank() == 1:
+                os._exit(3)
+            dist.recv(x, 1)  # waits for the rank that is gone
+            return x
+        return collectives.ring_allreduce_deadlock(x)
+
+    cases = [(3, [(torch.ones(8),)] * 3), (4, [(torch.ones(8),)] * 4), (2, [(torch.ones(8),)] * 2)]
+    run = launch.run(crash_then_hang, cases, limit=1.5)
+    crashed, hung, skipped = run.cases
+    assert crashed.ended == "a rank failed"
+    assert crashed.ranks[1].status == 3 and not crashed.ranks[1].killed
+    assert crashed.ranks[0].killed and crashed.ranks[2].killed  # ended by the launcher
+    assert hung.ended == "time limit" and all(rank.killed for rank in hung.ranks)
+    assert skipped.ended == "not run"  # after a hang the launcher stops
+    assert len(run.pids) == 1 + 3 + 4
+    assert all(gone(pid) for pid in run.pids), [pid for pid in run.pids if not gone(pid)]
+
+
+def test_a_launcher_that_never_gets_going_is_stopped_and_fails_the_check(
+        tmp_path, monkeypatch, watch):
+    (tmp_path / "slow_to_import.py").write_text(
+        "import os, time\nif os.environ.get('SLOW_TO_IMPORT'):\n    time.sleep(600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_to_import  # here, quickly; in the launcher, forever
+
+    def uses_it(x):
+        return slow_to_import, x
+
+    monkeypatch.setenv("SLOW_TO_IMPORT", "1")
+    monkeypatch.setattr(launch, "START_S", 1.0)
+    monkeypatch.setattr(launch, "SLACK_S", 0.0)
+    monkeypatch.setattr(launch, "JOIN_S", 1.0)
+    result = grade(spec_with(2), uses_it, time_limit=1)
+    assert not result.passed
+    assert "not run: the rank processes were stopped" in result.message()
+    assert watch.pids and not watch.left_behind()
+
+
+def test_every_call_is_recorded_once_with_its_peer_bytes_and_order():
+    def talk(x):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % world, (rank - 1) % world
+        incoming = torch.empty_like(x)
+        for request in (dist.isend(x, right), dist.irecv(incoming, left)):
+            request.wait()
+        ops = [dist.P2POp(dist.isend, x[:3].clone(), right),
+               dist.P2POp(dist.irecv, incoming[:3], left)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        if rank == 0:  # blocking, in an order that cannot deadlock
+            dist.send(x, right)
+            dist.recv(incoming, left)
+        else:
+            dist.recv(incoming, left)
+            dist.send(x, right)
+        dist.all_reduce(x)
+        return x
+
+    run = launch.run(talk, [(3, [(torch.ones(5, dtype=torch.float64),)] * 3)], limit=30)
+    (case,) = run.cases
+    assert case.ended == "returned", case
+    calls = [(c.op, c.peer, c.bytes, c.step, c.via) for c in case.ranks[0].log.calls]
+    assert calls == [("isend", 1, 40, 0, ""), ("irecv", 2, 40, 0, ""),
+                     ("isend", 1, 24, 1, "batch_isend_irecv"),
+                     ("irecv", 2, 24, 1, "batch_isend_irecv"),
+                     ("send", 1, 40, 2, ""), ("recv", 2, 40, 2, ""),
+                     ("all_reduce", None, 40, 0, "")]
+    assert case.ranks[0].log.calls[0].at[2] == "talk"  # the learner's frame
+    assert torch.equal(case.ranks[2].output, torch.full((5,), 3.0, dtype=torch.float64))
