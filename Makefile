@@ -37,8 +37,11 @@ lab: $(STAMP)
 
 # The unit tests, the learner notebooks (each must fail only at its checks), and every
 # solved notebook run end to end by nbval (each must pass).
+# In parallel, one worker per core (pytest-xdist); a file stays on one worker, so a
+# notebook's cells run in order in one kernel.
 test: $(STAMP)
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests $(wildcard solutions)
+	$(BIN)/python -m pytest -n auto --dist loadfile --nbval-lax --nbval-current-env \
+		$(PYTEST_ARGS) tests $(wildcard solutions)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
