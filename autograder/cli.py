@@ -355,6 +355,13 @@ def cmd_grade(args: argparse.Namespace) -> int:
         return 130
     print(f"gradebook: {out / 'gradebook.html'} (also gradebook.json, gradebook.csv, "
           "junit.xml)")
+    if args.require_pass:
+        failed = [f"{r['learner']} {g['exercise']}: {g['verdict']}"
+                  for r in gradebook.load_results(out) for g in r["grades"]
+                  if g["verdict"] != "PASS"]
+        for line in failed:
+            print(f"  not passed: {line}")
+        return EXIT_FAIL if failed else EXIT_PASS
     return EXIT_PASS
 
 
@@ -446,6 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip each notebook whose result is already in OUT/results/")
     p.add_argument("--shard", metavar="I/N", help="grade only the I-th of N shares "
                    "(CI matrix, job array); join them with --merge")
+    p.add_argument("--require-pass", action="store_true", help="exit 1 when an exercise "
+                   "did not pass (CI grading one learner's push)")
     p.add_argument("--merge", action="store_true",
                    help="SUBMISSIONS are shard folders: join their results into OUT")
 

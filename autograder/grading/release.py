@@ -23,7 +23,7 @@ from pathlib import Path
 from ..build import BEGIN, C_BEGIN, C_END, END, stub
 
 # What a learner gets, as it is in the repository.
-AS_IS = ["README.md", "Makefile", "pyproject.toml", ".gitignore", "autograder", "labs",
+AS_IS = ["README.md", "Makefile", "pyproject.toml", ".gitignore", "autograder", "ci", "labs",
          "tests/conftest.py", "tests/test_labs.py"]
 
 
