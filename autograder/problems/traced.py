@@ -16,8 +16,15 @@ from ..trace import Launch
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:
-    start = tensor.data_ptr()
-    return start, start + (tensor.untyped_storage().nbytes() if tensor.numel() else 0)
+    """The bytes from the tensor's first element to just past its last: the view's own
+    extent, not its storage's (a guarded input is a view inside a larger buffer, and
+    what lies past its end belongs to someone else)."""
+    if not tensor.numel():
+        return tensor.data_ptr(), tensor.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(),
+                                                             strict=True))
+    start = tensor.data_ptr() + min(0, last) * tensor.element_size()
+    return start, tensor.data_ptr() + (max(0, last) + 1) * tensor.element_size()
 
 
 def bytes_moved(launches: list[Launch], tensor: torch.Tensor, kind: str) -> int:
