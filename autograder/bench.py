@@ -229,6 +229,12 @@ def _kmeans_workloads(device: str) -> list[Workload]:
     return kmeans_workloads(device)
 
 
+def _amp_workloads(device: str) -> list[Workload]:
+    from .bench_amp import amp_workloads
+
+    return amp_workloads(device)
+
+
 BENCHES: dict[str, Callable[[str], list[Workload]]] = {
     "matmul": _matmul_workloads,
     "coalescing": _coalescing_workloads,
@@ -236,6 +242,7 @@ BENCHES: dict[str, Callable[[str], list[Workload]]] = {
     "attention": _attention_workloads,
     "topk": _topk_workloads,
     "kmeans": _kmeans_workloads,
+    "amp": _amp_workloads,
 }
 
 
