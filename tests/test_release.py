@@ -1,12 +1,14 @@
 """`rooflab release`: the course as a learner receives it, with no answer anywhere in it."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 from rooflab.autograder.cli import EXIT_PASS, EXIT_USAGE, main
 from rooflab.autograder.grading.release import release, solution_lines, without_answers
+from rooflab.autograder.solutions import course_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +73,85 @@ def test_the_command_writes_a_release_and_refuses_a_folder_in_use(tmp_path, caps
     assert main(["release", str(tmp_path / "out"), "--root", str(ROOT)]) == EXIT_PASS
     assert "kernels/ with every answer replaced by its stub" in capsys.readouterr().out
     assert main(["release", str(tmp_path / "out"), "--root", str(ROOT)]) == EXIT_USAGE
+
+
+def _course_solutions_the_labs_ask_for() -> set[tuple[str, str]]:
+    """Every (module, name) a lab master passes to course_solution."""
+    call = re.compile(r'course_solution\("(\w+)", "(\w+)"\)')
+    return {found for master in sorted(ROOT.glob("book/0[1-6]_*.md"))
+            for found in call.findall(master.read_text())}
+
+
+def test_the_course_solution_is_there_in_the_course_and_none_in_a_release(tmp_path,
+                                                                        monkeypatch):
+    """The labs' charts fall back on the course's kernels until the learner's pass; in a
+    release those are stubs, and course_solution says so without running them."""
+    stubbed = tmp_path / "released_kernels"
+    stubbed.mkdir()
+    for module in (ROOT / "kernels").glob("*.py"):
+        (stubbed / module.name).write_text(without_answers(module.read_text()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    asked = _course_solutions_the_labs_ask_for()
+    assert len(asked) >= 15, asked  # the chooser cells of labs 01-06
+    for module, name in sorted(asked):
+        full = course_solution(module, name)
+        assert callable(full) and full.__module__ == f"rooflab.kernels.{module}", name
+        assert course_solution(f"released_kernels.{module}", name) is None, name
+    # What holds no answer, and uses none, is the same in both.
+    assert course_solution("released_kernels.transpose", "transpose_rows") is not None
+    assert course_solution("released_kernels.softmax", "softmax_unstable") is not None
+
+
+def test_a_stub_counts_wherever_the_definition_reaches_it(tmp_path, monkeypatch):
+    package = tmp_path / "toy_kernels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text(
+        "def scale():\n    # YOUR CODE HERE\n    raise NotImplementedError()\n\n\n"
+        "def shift():\n    return 1\n")
+    (package / "ops.py").write_text(
+        "from .helpers import scale, shift\n\n\ndef _inner():\n    return scale()\n\n\n"
+        "def outer():\n    return _inner()\n\n\ndef plain():\n    return shift()\n\n\n"
+        'SOURCE = """\n// YOUR CODE HERE\n"""\n\n\ndef compiled():\n    return SOURCE\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("outer", "compiled"):  # through the module, another module, CUDA C source
+        assert course_solution("toy_kernels.ops", name) is None
+    assert course_solution("toy_kernels.ops", "plain")() == 1
+
+
+@pytest.mark.slow
+def test_a_released_lab_runs_on_the_releases_own_kernels_and_fails_only_at_checks(
+        released, tmp_path, monkeypatch):
+    """Lab 01, run on the release's kernels/ (stubs) and autograder, not the repository's:
+    its charts wait for the learner's kernels instead of failing."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    package = tmp_path / "path" / "rooflab"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for part in ("autograder", "kernels"):
+        (package / part).symlink_to(released / part, target_is_directory=True)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "path"))  # the notebook's kernel's too
+    lab = released / "labs" / "01_coalescing.ipynb"
+    notebook = nbformat.read(lab, as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell(
+        "import rooflab.kernels.transpose\nprint(rooflab.kernels.transpose.__file__)"))
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(lab.parent)}}).execute()
+    where = notebook.cells[-1].outputs[0].text.strip()
+    assert where == str(package / "kernels" / "transpose.py"), where
+    checks, unexpected, waiting = 0, [], 0
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [out for out in cell.outputs if out.output_type == "error"]
+        text = "".join(out.get("text", "") for out in cell.outputs)
+        is_check = "check" in cell.metadata.get("tags", [])
+        checks += is_check
+        waiting += "to see" in text and text.lstrip().startswith("Solve exercise")
+        if is_check and (not errors or errors[0].ename != "CheckFailed"):
+            unexpected.append(f"cell {index}: check {errors[0].ename if errors else 'passed'}")
+        elif not is_check and errors:
+            unexpected.append(f"cell {index}: {errors[0].ename}: {errors[0].evalue[:200]}")
+    assert checks == 3 and not unexpected, "\n".join(unexpected)
+    assert waiting >= 2  # the charts of the strided copy and of the transpose say so
