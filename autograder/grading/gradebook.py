@@ -142,10 +142,10 @@ def _html(results: list[dict]) -> str:
                     "the traced memory traffic, not measured." if predicted else
                     "Roofline fractions are measured on the GPU named above.") + "</p>")
     parts.append("<table><tr><th>learner</th><th>lab</th><th class='num'>passed</th>"
-                 "<th class='num'>notebook s</th><th>notes</th></tr>")
+                 "<th class='num'>time (s)</th><th>notes</th></tr>")
     for r in results:
         passed = sum(g["verdict"] == "PASS" for g in r["grades"])
-        notes = "; ".join(r.get("changed", [])[:3]) or ""
+        notes = "; ".join([*r.get("changed", []), *r.get("problems", [])][:3])
         parts.append(f"<tr><td><a href='#{esc(r['learner'])}--{esc(r['lab'])}'>"
                      f"{esc(r['learner'])}</a></td><td>{esc(r['lab'])}</td>"
                      f"<td class='num'>{passed} / {len(r['grades'])}</td>"
@@ -160,7 +160,7 @@ def _html(results: list[dict]) -> str:
         for line in r.get("problems", []):
             parts.append(f"<div class='warn'>{esc(line)}</div>")
         parts.append("<table><tr><th>exercise</th><th>verdict</th><th class='num'>roofline"
-                     "</th><th class='num'>check s</th><th>message</th></tr>")
+                     "</th><th class='num'>time (s)</th><th>message</th></tr>")
         for g in r["grades"]:
             measured, guess = _fraction(g)
             figure = measured or (f"{guess} (predicted)" if guess else "")
