@@ -536,31 +536,24 @@ def _single(value: float) -> float:
     return torch.tensor(value, dtype=torch.float64).to(torch.float32).item()
 
 
+SCALER_CASES = [
+    Case({"steps": 2010}, F32, note=DEFAULTS),
+    Case({"steps": 60, "init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+          "growth_interval": 3, "bad_share": 0.3}, F32, note="infs and NaNs at random"),
+    Case({"steps": 45, "init_scale": 3.0, "growth_factor": 3.0, "backoff_factor": 0.3,
+          "growth_interval": 4}, F32, note=BURSTS),
+    Case({"steps": 12, "init_scale": 2.0**126, "growth_factor": 4.0,
+          "backoff_factor": 0.25, "growth_interval": 1}, F32,
+         note="a scale near fp32's largest number"),
+]
+
 register(Problem(
     id="amp/loss_scaler", title="Dynamic loss scaling, step by step as GradScaler",
     signature=SCALER_SIGNATURE, make_inputs=_scaler_inputs, reference=_scaler_reference,
     cost=lambda case: Cost(0, 0), invoke=_run_scaler, compare=compare_scaler,
     kernel=None, timed=False, solution="rooflab.kernels.amp:LossScaler",
-    cpu_cases=[
-        Case({"steps": 2010}, F32, note=DEFAULTS),
-        Case({"steps": 60, "init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-              "growth_interval": 3, "bad_share": 0.3}, F32, note="infs and NaNs at random"),
-        Case({"steps": 45, "init_scale": 3.0, "growth_factor": 3.0, "backoff_factor": 0.3,
-              "growth_interval": 4}, F32, note=BURSTS),
-        Case({"steps": 12, "init_scale": 2.0**126, "growth_factor": 4.0,
-              "backoff_factor": 0.25, "growth_interval": 1}, F32,
-             note="a scale near fp32's largest number"),
-    ],
-    gpu_cases=[
-        Case({"steps": 2010}, F32, note=DEFAULTS),
-        Case({"steps": 60, "init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-              "growth_interval": 3, "bad_share": 0.3}, F32, note="infs and NaNs at random"),
-        Case({"steps": 45, "init_scale": 3.0, "growth_factor": 3.0, "backoff_factor": 0.3,
-              "growth_interval": 4}, F32, note=BURSTS),
-        Case({"steps": 12, "init_scale": 2.0**126, "growth_factor": 4.0,
-              "backoff_factor": 0.25, "growth_interval": 1}, F32,
-             note="a scale near fp32's largest number"),
-    ],
+    # The scaler's arithmetic is the same on either device: the same cases in both worlds.
+    cpu_cases=SCALER_CASES, gpu_cases=SCALER_CASES,
     hints=("step: a gradient that is inf or NaN after the backward means the scale was too "
            "large; every gradient is multiplied by 1 / scale, and the optimizer steps only "
            "if all were finite. update: after a skipped step, scale *= backoff_factor; after "
