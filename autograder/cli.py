@@ -343,7 +343,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
                          "--labs, the labs/ folder of the release the class received")
     if args.shard and not re.fullmatch(r"\d+/\d+", args.shard):
         raise UsageError(f"--shard is i/n, e.g. 2/4, not {args.shard!r}")
-    limits = Limits(args.cell_timeout, args.notebook_timeout, _bytes(args.memory))
+    # A CUDA process maps far more address space than it uses: no cap where there is a GPU.
+    memory = args.memory or ("0" if torch.cuda.is_available() else "8G")
+    limits = Limits(args.cell_timeout, args.notebook_timeout, _bytes(memory))
     try:
         grade([Path(p) for p in args.submissions], out, labs, limits, jobs=args.jobs,
               resume=args.resume, shard_spec=args.shard)
@@ -447,8 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per cell (default 600): the kernel is interrupted, the cell fails")
     p.add_argument("--notebook-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="per notebook (default 3600): then it is ended, kernel and all")
-    p.add_argument("--memory", default="8G", help="address-space cap of each notebook's "
-                   "kernel (default 8G; 0: none; give 0 on a GPU, whose driver maps far more)")
+    p.add_argument("--memory", default=None, help="address-space cap of each notebook's "
+                   "kernel, e.g. 8G (default: 8G without a GPU, none with one, whose driver "
+                   "maps far more; 0: none)")
     p.add_argument("--resume", action="store_true",
                    help="skip each notebook whose result is already in OUT/results/")
     p.add_argument("--shard", metavar="I/N", help="grade only the I-th of N shares "

@@ -27,8 +27,6 @@ fi
 # The learner is named by the folder graded: give the submission its learner's name.
 named=$(mktemp -d)
 ln -s "$(realpath "$SUBMISSION")" "$named/$LEARNER"
-memory=8G
-if command -v nvidia-smi >/dev/null; then memory=0; fi  # the CUDA driver maps far more
 # shellcheck disable=SC2086  # GRADE_ARGS is a list of options
-rooflab grade "$named/$LEARNER" --labs "$COURSE/labs" --out "$OUT" --memory "$memory" \
-  --require-pass ${GRADE_ARGS:-}
+rooflab grade "$named/$LEARNER" --labs "$COURSE/labs" --out "$OUT" --require-pass \
+  ${GRADE_ARGS:-}
