@@ -41,6 +41,33 @@ def _first(mask: torch.Tensor) -> tuple[int, ...]:
     return _index(flat, mask.shape)
 
 
+def form_cause(out: object, *, shape: tuple[int, ...], dtype: torch.dtype,
+               device: torch.device, name: str = "output") -> str:
+    """Why ``out`` is not a tensor of this shape, dtype and device, or "" if it is: what
+    every answer is checked for before its values."""
+    if not isinstance(out, torch.Tensor):
+        return (f"{name}: returned {type(out).__name__}, expected a torch.Tensor (did you "
+                "forget to return it?)")
+    if tuple(out.shape) != tuple(shape):
+        return f"{name}: shape {tuple(out.shape)}, expected {tuple(shape)}"
+    if out.dtype != dtype:
+        return f"{name}: dtype {dtype_name(out.dtype)}, expected {dtype_name(dtype)}"
+    if out.device.type != device.type:
+        return f"{name}: on device {out.device}, expected {device}"
+    return ""
+
+
+def unwritten_cause(out: torch.Tensor, name: str = "output") -> str:
+    """How many elements of ``out`` still hold the poison of fresh memory, or "" if none."""
+    unwritten = poison.unwritten_mask(out)
+    if not bool(unwritten.any()):
+        return ""
+    return (f"{name}: {int(unwritten.sum())} of {out.numel()} elements were never written, "
+            f"first at index {_first(unwritten)} (they hold the poison that fills fresh memory "
+            "during a check: a missing tail, mask or program, or a value computed from memory "
+            "that was never written)")
+
+
 def compare(
     out: object,
     ref: torch.Tensor,
@@ -53,34 +80,18 @@ def compare(
 ) -> Comparison:
     """Check type, shape, dtype, device, layout, unwritten elements, NaN/inf, then error
     norms."""
-    if not isinstance(out, torch.Tensor):
-        return Comparison(False, cause=f"{name}: returned {type(out).__name__}, expected a "
-                                        "torch.Tensor (did you forget to return it?)")
-    if tuple(out.shape) != tuple(ref.shape):
-        return Comparison(False, cause=f"{name}: shape {tuple(out.shape)}, expected "
-                                        f"{tuple(ref.shape)}")
-    if out.dtype != dtype:
-        return Comparison(False, cause=f"{name}: dtype {dtype_name(out.dtype)}, expected "
-                                        f"{dtype_name(dtype)}")
-    if out.device.type != device.type:
-        return Comparison(False, cause=f"{name}: on device {out.device}, expected {device}")
+    wrong = form_cause(out, shape=tuple(ref.shape), dtype=dtype, device=device, name=name)
+    if wrong:
+        return Comparison(False, cause=wrong)
     if contiguous and not out.is_contiguous():
         return Comparison(False, cause=f"{name}: not contiguous (strides {out.stride()}); "
                                        "the exercise asks for a contiguous result, not a view")
     if out.numel() == 0:
         return Comparison(True, 0.0, 0.0)
-
-    unwritten = poison.unwritten_mask(out)
-    if bool(unwritten.any()):
-        count = int(unwritten.sum())
-        return Comparison(
-            False,
-            worst_index=_first(unwritten),
-            cause=f"{name}: {count} of {out.numel()} elements were never written, first at "
-            f"index {_first(unwritten)} (they hold the poison that fills fresh memory during a "
-            "check: a missing tail, mask or program, or a value computed from memory that "
-            "was never written)",
-        )
+    unwritten = unwritten_cause(out, name)
+    if unwritten:
+        return Comparison(False, worst_index=_first(poison.unwritten_mask(out)),
+                          cause=unwritten)
 
     # Compare where the output lives: moving a chip-filling output to the host is slow.
     got = out.detach().to(torch.float64)

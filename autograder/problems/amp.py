@@ -21,6 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import guard, poison
+from ..compare import form_cause, unwritten_cause
 from ..device import interpreter_enabled
 from ..problem import Case, Cost, Levels, Problem, dtype_name, register
 from ..recording import paused
@@ -123,19 +124,10 @@ def _round_cost(case: Case) -> Cost:
 def compare_round(output: object, reference: tuple) -> str:
     """bf16 bits equal to torch's conversion; a NaN wherever the input is NaN."""
     x, want = reference
-    if not isinstance(output, torch.Tensor):
-        return f"returned {type(output).__name__}, expected a bf16 tensor"
-    if output.dtype != BF16:
-        return f"dtype {dtype_name(output.dtype)}, expected bf16"
-    if tuple(output.shape) != tuple(x.shape):
-        return f"shape {tuple(output.shape)}, expected {tuple(x.shape)}"
-    if output.device.type != x.device.type:
-        return f"on {output.device}, expected {x.device}"
-    unwritten = poison.unwritten_mask(output)
-    if bool(unwritten.any()):
-        return (f"{int(unwritten.sum())} of {output.numel()} elements were never written (they "
-                "hold the poison that fills fresh memory during a check): a missing block or "
-                "mask?")
+    wrong = form_cause(output, shape=tuple(x.shape), dtype=BF16, device=x.device) or \
+        unwritten_cause(output)
+    if wrong:
+        return wrong
     got = output.detach().to(x.device).reshape(-1)
     source = x.reshape(-1)
     expected = want.reshape(-1)

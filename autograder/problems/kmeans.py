@@ -11,8 +11,8 @@ import numbers
 import numpy as np
 import torch
 
-from .. import poison
 from ..compare import compare as compare_tensor
+from ..compare import form_cause, unwritten_cause
 from ..problem import DEFAULT_TOLERANCES, EXACT, Case, Cost, Levels, Problem, register
 from . import traced
 
@@ -224,20 +224,10 @@ def compare_labels(output: object, reference: tuple) -> str:
     """kmeans/assign: int64 labels, each a nearest centroid within TIE."""
     x, c = reference
     n, k = x.shape[0], c.shape[0]
-    if not isinstance(output, torch.Tensor):
-        return f"returned {type(output).__name__}, expected a tensor of n = {n} labels"
-    if output.dtype != torch.int64:
-        return f"labels of dtype {str(output.dtype).removeprefix('torch.')}, expected int64"
-    if tuple(output.shape) != (n,):
-        return f"labels of shape {tuple(output.shape)}, expected ({n},)"
-    if output.device.type != x.device.type:
-        return f"labels on {output.device}, expected {x.device}"
-    unwritten = poison.unwritten_mask(output)
-    if bool(unwritten.any()):
-        first = int(torch.nonzero(unwritten)[0])
-        return (f"{int(unwritten.sum())} of {n} labels were never written, first label[{first}]"
-                " (it holds the poison that fills fresh memory during a check): a missing "
-                "program or mask")
+    wrong = form_cause(output, shape=(n,), dtype=torch.int64, device=x.device, name="labels") \
+        or unwritten_cause(output, "labels")
+    if wrong:
+        return wrong
     labels = output.to(x.device)
     outside = (labels < 0) | (labels >= k)
     if bool(outside.any()):
