@@ -1274,11 +1274,17 @@ def _fp8_cause(got: torch.Tensor, want: torch.Tensor, wrong: torch.Tensor,
         return head + ": x was divided by the scale; multiply it"
     magnitude, expected = got & 0x7F, want & 0x7F
     below = expected[wrong] - magnitude[wrong]
-    if interpreter_enabled() and bool(((below > 0) & (below <= 8)).all()):
+    # One code too large in magnitude, for x * scale exactly between the two: a tie rounded
+    # away from the even code.
+    decoded = (lambda codes: codes.to(torch.uint8).view(E4M3).float().abs())  # noqa: E731
+    tie = (below == -1) & (product[wrong].abs() * 2 == decoded(want[wrong])
+                           + decoded(got[wrong]))
+    if interpreter_enabled() and bool((((below > 0) & (below <= 8)) | tie).all()):
         return head + (": every wrong value is smaller in magnitude than the right one, by "
-                       "at most a binade, not rounded to nearest. Here .to(tl.float8e4nv) is "
-                       "Triton's interpreter's conversion, which does not round (nor "
-                       "saturate); e4m3_bits rounds on the bits")
+                       "at most a binade, or a tie rounded away from the even code: not "
+                       "rounded to nearest even. Here .to(tl.float8e4nv) is Triton's "
+                       "interpreter's conversion, which does not round so (nor saturate); "
+                       "e4m3_bits rounds on the bits")
     return head
 
 
