@@ -328,7 +328,10 @@ def test_every_process_of_a_launch_is_reaped_after_a_crash_and_a_hang():
     crashed, hung, skipped = run.cases
     assert crashed.ended == "a rank failed"
     assert crashed.ranks[1].status == 3 and not crashed.ranks[1].killed
-    assert crashed.ranks[0].killed and crashed.ranks[2].killed  # ended by the launcher
+    # The others never return: ended by the launcher, or (one still joining the group when
+    # its peer vanished) by gloo's own error.
+    assert all(rank.killed or rank.status not in (0, None)
+               for rank in (crashed.ranks[0], crashed.ranks[2]))
     assert hung.ended == "time limit" and all(rank.killed for rank in hung.ranks)
     assert skipped.ended == "not run"  # after a hang the launcher stops
     assert len(run.pids) == 1 + 3 + 4
