@@ -40,7 +40,8 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
     inputs = [spec.make_inputs(case, torch.Generator().manual_seed(seed + index),
                                torch.device("cpu")) for index, case in enumerate(cases)]
     launched = launch.run(candidate, [(world_size(case), per_rank) for case, per_rank
-                                      in zip(cases, inputs, strict=True)], limit)
+                                      in zip(cases, inputs, strict=True)], limit,
+                          harness=spec.harness, preload=spec.preload)
     if not launched.cases:  # the function could not be sent, or loaded
         result.causes = [launched.error]
         return result

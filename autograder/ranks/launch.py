@@ -74,24 +74,28 @@ class Launch:
 
 
 def run(function: Callable, cases: Sequence[tuple[int, list[tuple]]], limit: float,
-        join_limit: float | None = None, grace: float | None = None) -> Launch:
+        join_limit: float | None = None, grace: float | None = None,
+        harness: Callable | None = None, preload: Sequence[str] = ()) -> Launch:
     """Call ``function(*inputs[rank])`` on every rank of each (world size, inputs) case,
-    each case in fresh processes joined in a gloo process group. ``limit``: seconds per
-    case once its ranks have joined (0: none)."""
+    each case in fresh processes joined in a gloo process group; with ``harness``,
+    ``harness(function, *inputs[rank])``. ``limit``: seconds per case once its ranks have
+    joined (0: none). ``preload``: modules the launcher imports once, before it forks
+    the ranks, that each rank would otherwise import for itself (seconds each, on N ranks
+    at once)."""
     try:
-        payload = transport.pack(function)
+        payload = transport.pack(function, harness)
     except transport.CannotSend as error:
         return Launch([], error=str(error))
     job = Path(tempfile.mkdtemp(prefix="rooflab-ranks-"))
     try:
         return _run(job, payload, cases, limit, JOIN_S if join_limit is None else join_limit,
-                    GRACE_S if grace is None else grace)
+                    GRACE_S if grace is None else grace, preload)
     finally:
         shutil.rmtree(job, ignore_errors=True)
 
 
 def _run(job: Path, payload: bytes, cases, limit: float, join_limit: float,
-         grace: float) -> Launch:
+         grace: float, preload: Sequence[str] = ()) -> Launch:
     (job / "function.pkl").write_bytes(payload)
     for index, (_, inputs) in enumerate(cases):
         (job / f"case{index}").mkdir()
@@ -99,6 +103,7 @@ def _run(job: Path, payload: bytes, cases, limit: float, join_limit: float,
     (job / "job.json").write_text(json.dumps({
         "cases": [{"world": world} for world, _ in cases], "limit": limit,
         "join_limit": join_limit, "grace": grace, "parent": os.getpid(),
+        "preload": list(preload),
         "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]}))
     outer = START_S + SLACK_S + len(cases) * (join_limit + limit + grace) \
         if limit > 0 else None

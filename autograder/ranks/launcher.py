@@ -22,6 +22,7 @@ signal); the grader also kills the launcher's whole process group when it is don
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -84,6 +85,8 @@ def main(job_folder: str) -> int:
 
     signal.signal(signal.SIGTERM, _end_on_term)
     record.install()  # before the function is loaded: its globals must see the wrappers
+    for module in job.get("preload", ()):
+        importlib.import_module(module)
     try:
         candidate = transport.unpack((job_dir / "function.pkl").read_bytes())
     except BaseException as error:  # noqa: BLE001 (the learner's module: anything goes)

@@ -37,7 +37,8 @@ SENDS = ("send", "isend")
 # Everything else a learner might reach for instead of writing the algorithm.
 COLLECTIVES = (
     "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather",
-    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_gather_into_tensor", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+    "reduce_scatter_single", "all_to_all",
     "all_to_all_single", "scatter", "gather", "barrier", "monitored_barrier",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "send_object_list", "recv_object_list",
@@ -82,6 +83,16 @@ class Call:
 
 
 @dataclass
+class Mark:
+    """A point in the rank's run that the grader's code noted (``mark``): "step 2",
+    "forward 1", with what it saw there. ``calls``: how many calls the rank had made."""
+
+    label: str
+    calls: int
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
 class RankLog:
     """A rank's log, read back: its calls, and where it stood when it stopped."""
 
@@ -96,6 +107,7 @@ class RankLog:
     waiting_for: list[Call] = field(default_factory=list)  # requests it was waiting on
     waiting_at: tuple[str, int, str] | None = None  # the learner's line that waits
     last: Call | None = None  # its last call, when it was in none
+    marks: list[Mark] = field(default_factory=list)  # what the grader's own code noted
 
     def sends(self) -> list[Call]:
         return [call for call in self.calls if call.is_send]
@@ -125,6 +137,12 @@ def start(path: Path, rank: int) -> None:
 def emit(event: dict) -> None:
     if _fd is not None:
         os.write(_fd, (json.dumps(event) + "\n").encode())
+
+
+def mark(label: str, **data: object) -> None:
+    """Note a point in the rank's run, between its calls, with what the grader saw there
+    (numbers and words): a check can then tell which calls a step's forward made."""
+    emit({"e": "mark", "label": label, "calls": _seq, "data": data})
 
 
 def _learners_line() -> list | None:
@@ -357,6 +375,8 @@ def read(path: Path, rank: int) -> RankLog:
             log.raised = event
         elif kind == "failed":
             log.failed = event["text"]
+        elif kind == "mark":
+            log.marks.append(Mark(event["label"], event["calls"], event.get("data", {})))
     log.blocked_in = by_seq.get(open_seq) if open_seq is not None else None
     log.waiting_for = [by_seq[seq] for seq in waiting if seq in by_seq]
     log.last = log.calls[-1] if log.calls else None

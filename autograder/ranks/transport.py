@@ -15,6 +15,7 @@ and a cell's function fails with a message that says what to install.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import sys
 import sysconfig
@@ -43,13 +44,16 @@ def _importable_elsewhere(module: ModuleType) -> bool:
     return any(path.is_relative_to(root) for root in _INSTALLED)
 
 
-def pack(function: Callable) -> bytes:
-    """The function as bytes the ranks can load with ``unpack``."""
+def pack(function: Callable, harness: Callable | None = None) -> bytes:
+    """The function as bytes the ranks can load with ``unpack``; with ``harness`` (the
+    grader's code that drives it on each rank, importable by name), what the ranks load
+    is ``harness`` with ``function`` as its first argument."""
+    sent = function if harness is None else functools.partial(harness, function)
     try:
         import cloudpickle
     except ImportError:
         try:
-            return pickle.dumps(function)
+            return pickle.dumps(sent)
         except (pickle.PicklingError, AttributeError, TypeError) as error:
             raise CannotSend(
                 f"{_name(function)} cannot be sent to the rank processes without cloudpickle "
@@ -60,7 +64,7 @@ def pack(function: Callable) -> bytes:
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(function)
+        return cloudpickle.dumps(sent)
     except Exception as error:  # noqa: BLE001 (whatever fails, the learner needs words)
         raise CannotSend(
             f"{_name(function)} cannot be sent to the rank processes: {type(error).__name__}: "

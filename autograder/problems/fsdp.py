@@ -1,0 +1,354 @@
+"""FSDP: a learner's ZeRO-3 sharding, trained for a few steps on N ranks, graded against
+one process.
+
+``fsdp/zero3`` and ``fsdp/prefetch`` call the learner's ``shard_layers(model)`` (with
+``prefetch=True`` for the second) on every rank of a gloo process group, then train the
+sharded model for a few AdamW steps here, in the grader's loop (``train``), each rank on
+its slice of the batch. Graded:
+
+* the numbers: each step's loss (the mean over ranks) and gradient norm (over every
+  shard of every rank) equal those of one process that trains the whole model on the
+  whole batch, to 1e-6 relative. That process computes the loss and gradient slice by
+  slice, as the ranks do, so the only difference left is the order of the ranks' sum;
+* the shards: one flat parameter per block, ⌈numel/N⌉ elements, on every rank;
+* the calls of each step, from the record of every rank's torch.distributed calls:
+  one all-gather per block in forward, one per block in backward, one reduce-scatter per
+  block in backward, and nothing else; each all-gather sends the shard, each
+  reduce-scatter the padded whole;
+* memory: at most two blocks whole at once in forward, none after backward;
+* with ``prefetch``, the next block's all-gather is issued, asynchronously, before a
+  block computes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..compare import Comparison
+from ..problem import Case, Cost, register
+from ..ranks import RanksProblem, record
+from ..ranks.problem import world_size
+from ..ranks.record import Call, Mark, RankLog
+from ..result import CaseResult
+
+STEPS, BATCH, LENGTH, LR = 5, 2, 8, 1e-3  # a rank's batch: 2 sequences of 8
+RELATIVE = 1e-6
+ALL_GATHERS = ("all_gather_into_tensor", "all_gather_single", "all_gather")
+REDUCE_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter")
+
+
+def _case(ranks: int, dim: int, layers: int, heads: int = 4, note: str = "") -> Case:
+    return Case({"ranks": ranks, "dim": dim, "layers": layers, "heads": heads},
+                torch.float32, note=note)
+
+
+# A block holds 12·dim² + 13·dim parameters: 5060 at dim 20, 7224 at 24. N = 3 and N = 4
+# at dim 24 (7224 = 4·1806) and N = 3 at 20 need padding or not: both show.
+CASES = [
+    _case(2, dim=24, layers=3),
+    _case(3, dim=20, layers=3, note="the shards need padding"),
+    _case(4, dim=24, layers=4),
+]
+
+
+def _setup(case: Case, prefetch: bool) -> tuple:
+    sizes = case.sizes
+    return (sizes["dim"], sizes["heads"], sizes["layers"], prefetch)
+
+
+def make_model(dim: int, heads: int, layers: int) -> torch.nn.Module:
+    """The model every rank and the reference start from: the same weights everywhere."""
+    from rooflab.kernels.fsdp import TinyTransformer
+
+    torch.manual_seed(dim * 1000 + layers)
+    return TinyTransformer(dim, heads, layers)
+
+
+def _inputs(prefetch: bool):
+    def make_inputs(case: Case, generator: torch.Generator,
+                    device: torch.device) -> list[tuple]:
+        n, dim = world_size(case), case.sizes["dim"]
+        x = torch.randn(STEPS, n * BATCH, LENGTH, dim, generator=generator)
+        y = torch.randn(STEPS, n * BATCH, LENGTH, dim, generator=generator)
+        # Rank r trains on sequences [r·BATCH, (r + 1)·BATCH) of every step's batch.
+        return [(_setup(case, prefetch), x[:, r * BATCH:(r + 1) * BATCH].clone(),
+                 y[:, r * BATCH:(r + 1) * BATCH].clone()) for r in range(n)]
+    return make_inputs
+
+
+def block_sizes(model: torch.nn.Module) -> list[int]:
+    return [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+
+
+# --- on each rank: the grader's training loop ---------------------------------------------------
+
+
+def _whole(block: torch.nn.Module) -> bool:
+    return any(p.untyped_storage().nbytes() > 0 for p in block.parameters())
+
+
+def _shards_wrong(shards: object, sizes: list[int], world: int) -> str:
+    if not isinstance(shards, (list, tuple)) or not all(
+            isinstance(s, torch.nn.Parameter) for s in shards):
+        return (f"shard_layers returned {type(shards).__name__}: return the list of shards, "
+                "one nn.Parameter per block, for the optimizer")
+    if len(shards) != len(sizes):
+        return f"shard_layers returned {len(shards)} shards for {len(sizes)} blocks: one each"
+    for index, (shard, size) in enumerate(zip(shards, sizes, strict=True)):
+        want = math.ceil(size / world)
+        if shard.numel() != want:
+            return (f"block {index}'s shard has {shard.numel():,} elements; with {size:,} "
+                    f"parameters on {world} ranks each holds ⌈{size:,}/{world}⌉ = {want:,}")
+    return ""
+
+
+def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Shard the model with the learner's function and train it for len(x) steps; per
+    step, this rank's loss and the squared norm of its shards' gradients. What the grader
+    sees along the way goes into the rank's log as marks."""
+    from rooflab.kernels.fsdp import loss_fn
+
+    dim, heads, layers, prefetch = setup
+    model = make_model(dim, heads, layers)
+    sizes = block_sizes(model)
+    shards = candidate(model, prefetch=True) if prefetch else candidate(model)
+    wrong = _shards_wrong(shards, sizes, dist.get_world_size())
+    if wrong or not all(any(True for _ in block.parameters()) for block in model.blocks):
+        record.mark("invalid", why=wrong or "a block has no parameters left: keep each "
+                    "block's parameters, as views of its gathered vector")
+        return torch.empty(0)
+
+    def whole_blocks() -> int:
+        return sum(_whole(block) for block in model.blocks)
+
+    for index, block in enumerate(model.blocks):  # after the learner's hooks: they gather
+        block.register_forward_pre_hook(
+            lambda module, args, index=index: record.mark("forward", block=index,
+                                                          whole=whole_blocks()))
+    optimizer = torch.optim.AdamW(shards, lr=LR)
+    seen = []
+    for step in range(len(x)):
+        record.mark("step", step=step)
+        loss = loss_fn(model, x[step], y[step])
+        record.mark("backward", whole=whole_blocks())
+        loss.backward()
+        record.mark("optimizer", whole=whole_blocks())
+        square = sum(float(s.grad.double().square().sum()) for s in shards
+                     if s.grad is not None)
+        missing = sum(s.grad is None for s in shards)
+        seen.append([loss.item(), square, missing])
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.tensor(seen, dtype=torch.float64)
+
+
+# --- in the grader: the reference and the verdict ------------------------------------------------
+
+
+def reference(setup: tuple, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> torch.Tensor:
+    """Per step, the loss and gradient norm of one process training the whole model on
+    the whole batch: each rank's slice in turn, the gradients summed in rank order, then
+    divided by N, the losses likewise."""
+    from rooflab.kernels.fsdp import loss_fn
+
+    dim, heads, layers, _ = setup
+    model = make_model(dim, heads, layers)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    n, seen = len(xs), []
+    for step in range(len(xs[0])):
+        total, losses = None, 0.0
+        for x, y in zip(xs, ys, strict=True):
+            model.zero_grad()
+            loss = loss_fn(model, x[step], y[step])
+            loss.backward()
+            losses += loss.item()
+            grads = [p.grad.clone() for p in model.parameters()]
+            total = grads if total is None else [a + b for a, b in zip(total, grads, strict=True)]
+        for p, grad in zip(model.parameters(), total, strict=True):
+            p.grad = grad / n
+        norm = math.sqrt(sum(float(p.grad.double().square().sum()) for p in model.parameters()))
+        seen.append([losses / n, norm])
+        optimizer.step()
+    return torch.tensor(seen, dtype=torch.float64)
+
+
+def cost(case: Case) -> Cost:
+    """Bytes on the wire a rank, a step, as a ring sends them: (N − 1)/N of two
+    all-gathers and one reduce-scatter of every padded block."""
+    n, dim, layers = world_size(case), case.sizes["dim"], case.sizes["layers"]
+    padded = layers * n * math.ceil((12 * dim * dim + 13 * dim) / n)
+    return Cost(0, 3 * (n - 1) / n * padded * 4 * STEPS)
+
+
+def _relative(got: float, want: float) -> float:
+    return abs(got - want) / max(abs(want), 1e-30)
+
+
+def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
+    """Why the trained numbers differ from one process's, or ""."""
+    for step in range(len(want)):
+        loss, norm = float(got[step, 0]), float(got[step, 1])
+        want_loss, want_norm = float(want[step, 0]), float(want[step, 1])
+        if bool(got[step, 2] > 0):
+            return (f"step {step}: {int(got[step, 2])} shards have no gradient after "
+                    "backward: reduce-scatter each block's gradients into its shard's .grad")
+        head = ""
+        if _relative(loss, want_loss) > RELATIVE:
+            head = (f"step {step}: the loss is {loss:.9g}, one process gets {want_loss:.9g} "
+                    f"({_relative(loss, want_loss):.1e} relative)")
+            if step == 0:
+                return head + (": the first forward already differs, so the weights the "
+                               "blocks computed with are not the model's: gather every "
+                               "rank's shard, in rank order")
+            return head + (": the first steps agree, so the optimizer's updates do not "
+                           "reach the weights the blocks use: gather from the shard the "
+                           "optimizer steps, every step")
+        if _relative(norm, want_norm) > RELATIVE:
+            ratio = norm / want_norm
+            head = (f"step {step}: the gradient norm is {norm:.9g}, one process gets "
+                    f"{want_norm:.9g}")
+            if abs(ratio - n) < 1e-3 * n:
+                return head + (f": {n} times too large. The reduce-scatter sums the ranks' "
+                               f"gradients; the mean over the whole batch divides by N = {n}")
+            return head + f" ({ratio:.4g} times)"
+    return ""
+
+
+def _between(log: RankLog, first: Mark, last: Mark | None) -> list[Call]:
+    end = last.calls if last is not None else len(log.calls)
+    return [call for call in log.calls if first.calls <= call.seq < end]
+
+
+def _named(calls: list[Call], ops: tuple[str, ...]) -> list[Call]:
+    return [call for call in calls if call.op in ops]
+
+
+def calls_cause(case: Case, log: RankLog, sizes: list[int], prefetch: bool) -> str:
+    """Why rank ``log.rank``'s calls are not FSDP's, or ""."""
+    n, layers = world_size(case), len(sizes)
+    shard_elements = sorted(math.ceil(size / n) for size in sizes)
+    rank = f"rank {log.rank}"
+    steps = [mark for mark in log.marks if mark.label == "step"]
+    for step, start in enumerate(steps):
+        marks = log.marks[log.marks.index(start):]
+        backward = next(m for m in marks if m.label == "backward")
+        optimizer = next(m for m in marks if m.label == "optimizer")
+        forward_calls = _between(log, start, backward)
+        backward_calls = _between(log, backward, optimizer)
+        where = f"{rank}, step {step}"
+        gathered = _named(forward_calls, ALL_GATHERS)
+        others = [c for c in forward_calls if c.op not in ALL_GATHERS and
+                  not c.is_point_to_point]
+        if others:
+            return f"{where}: forward called {others[0].op}: it needs only all-gathers"
+        if len(gathered) != layers:
+            return (f"{where}: forward made {len(gathered)} all-gathers for {layers} blocks: "
+                    "one a block, before its forward (and free it after)")
+        if sorted(c.elements for c in gathered) != shard_elements:
+            return (f"{where}: the forward's all-gathers sent {[c.elements for c in gathered]}"
+                    f" elements; each sends its block's shard, {shard_elements}")
+        whole_in_forward = [m for m in marks[:marks.index(backward)] if m.label == "forward"]
+        worst = max((m.data.get("whole", 0) for m in whole_in_forward), default=0)
+        if worst > 2:
+            return (f"{where}: {worst} blocks were whole at once in forward, at most two "
+                    "may be: free a block's gathered vector after its forward "
+                    "(untyped_storage().resize_(0))")
+        reduced = _named(backward_calls, REDUCE_SCATTERS)
+        regathered = _named(backward_calls, ALL_GATHERS)
+        all_reduced = _named(backward_calls, ("all_reduce",))
+        if all_reduced and not reduced:
+            return (f"{where}: backward all-reduced the gradients: each rank needs only the "
+                    "sum of its own slice, which a reduce-scatter gives for half the bytes")
+        if len(reduced) != layers:
+            return (f"{where}: backward made {len(reduced)} reduce-scatters for {layers} "
+                    "blocks: one a block, once its gradients are all there")
+        if len(regathered) != layers:
+            return (f"{where}: backward made {len(regathered)} all-gathers for {layers} "
+                    "blocks: each block's weights are freed after its forward, so its "
+                    "backward gathers them again")
+        if optimizer.data.get("whole", 0):
+            return (f"{where}: {optimizer.data['whole']} blocks were still whole after "
+                    "backward: free each one once its gradients are reduce-scattered")
+        if prefetch:
+            for mark in whole_in_forward[:-1]:
+                block = mark.data["block"]
+                issued = [c for c in gathered if c.seq < mark.calls]
+                if len(issued) < block + 2 or issued[-1].blocking:
+                    return (f"{where}: when block {block} began its forward, block "
+                            f"{block + 1}'s all-gather had not been issued asynchronously "
+                            "(async_op=True): issue it before this block computes, wait "
+                            "for it before the next")
+    return ""
+
+
+def _grade(prefetch: bool):
+    def grade(case: Case, inputs: list[tuple], outputs: list[object],
+              logs: list[RankLog]) -> CaseResult:
+        n = world_size(case)
+        for log in logs:
+            invalid = next((m for m in log.marks if m.label == "invalid"), None)
+            if invalid is not None:
+                return CaseResult(case, Comparison(False, cause=f"rank {log.rank}: "
+                                                   f"{invalid.data['why']}"))
+        setup = inputs[0][0]
+        want = reference(setup, [i[1] for i in inputs], [i[2] for i in inputs])
+        got = torch.stack([out for out in outputs]) if all(
+            isinstance(out, torch.Tensor) and out.shape == (len(want), 3) for out in outputs) \
+            else None
+        if got is None:
+            return CaseResult(case, Comparison(False, cause="the training loop returned "
+                                               "nothing: a rank's run was cut short"))
+        trained = torch.stack([got[:, :, 0].mean(0), got[:, :, 1].sum(0).sqrt(),
+                               got[:, :, 2].sum(0)], dim=1)
+        wrong = numbers_cause(trained, want, n)
+        error = [(trained[:, :2] - want).abs().div(want.abs()).max().item()]
+        seen = Comparison(not wrong, rel_error=error[0], cause=wrong)
+        if wrong:
+            return CaseResult(case, seen)
+        sizes = block_sizes(make_model(*setup[:3]))
+        for log in logs:
+            cause = calls_cause(case, log, sizes, prefetch)
+            if cause:
+                return CaseResult(case, seen, error=cause)
+        return CaseResult(case, seen)
+    return grade
+
+
+HINTS = ("Each block's parameters become one flat vector, padded to a multiple of N, and "
+         "each parameter a view of it; keep the rank's slice as an nn.Parameter. The "
+         "vector's storage is freed (resize_(0)) and refilled (resize_ back, then "
+         "all_gather_into_tensor) in forward pre-hooks, forward hooks and backward "
+         "pre-hooks; the gradients go through reduce_scatter_tensor once the block's are "
+         "all accumulated (register_post_accumulate_grad_hook).",
+         "gather: full.untyped_storage().resize_(numel * 4); dist.all_gather_into_tensor("
+         "full.data, shard.detach()). free: full.untyped_storage().resize_(0). reduce: "
+         "flat = cat of the grads, padded; reduce_scatter_tensor(mine, flat); mine /= N; "
+         "shard.grad = mine; each p.grad = None; free.")
+
+for _prefetch, _id, _title in ((False, "fsdp/zero3", "FSDP (ZeRO-3) from scratch"),
+                               (True, "fsdp/prefetch", "FSDP with the next block prefetched")):
+    register(RanksProblem(
+        id=_id,
+        title=_title,
+        signature=("shard_layers(model: TinyTransformer"
+                   + (", prefetch=True" if _prefetch else "")
+                   + ") -> list[nn.Parameter], on every rank: one shard a block, for the "
+                     "optimizer; afterwards forward and backward work as before"),
+        make_inputs=_inputs(_prefetch),
+        reference=reference,
+        cost=cost,
+        cpu_cases=CASES,
+        gpu_cases=CASES,  # gloo processes in both worlds
+        grade=_grade(_prefetch),
+        harness=train,
+        preload=("torch._dynamo", "rooflab.kernels.fsdp"),
+        solution="rooflab.kernels.fsdp:shard_layers",
+        deterministic_reference=False,
+        # Five steps of a small model on 4 ranks: a second or two; a hang shows at once.
+        time_limit_s=30.0,
+        hints=HINTS,
+        answer_in=("ShardedLayer", "shard_layers"),
+    ))

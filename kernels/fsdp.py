@@ -1,0 +1,281 @@
+"""Data parallel training, then fully sharded (FSDP, ZeRO-3), from torch.distributed calls.
+
+Every rank runs the same model on its own slice of the batch. Plain data parallelism keeps
+a whole copy of the model, its gradients and its optimizer state on every rank: for Adam
+in fp32, 16 bytes a parameter (4 weight, 4 gradient, 8 for the two moments), whatever the
+number of ranks. Sharding keeps 1/N of each on each rank and gathers a layer's weights
+only while that layer computes. The ladder:
+
+1. ``average_gradients``: after ``backward``, one all-reduce per gradient, divided by N.
+2. ``DataParallel``: gradients in buckets of a few MiB, each all-reduced (asynchronously)
+   as soon as backward has produced all of it, so communication overlaps the rest of
+   backward, as ``DistributedDataParallel`` does.
+3. ``ShardedLayer`` and ``shard_layers``: ZeRO-3. Each layer's parameters become one flat
+   vector, padded to a multiple of N; rank r keeps elements [r·s, (r + 1)·s), s = ⌈numel/N⌉,
+   as the parameter its optimizer steps. Before the layer's forward, an all-gather rebuilds
+   the whole vector (and the layer's weights, which are views of it); after the forward it
+   is freed. Backward gathers it again, and the layer's gradients are reduce-scattered:
+   each rank receives the sum of its own slice. Per step and layer: two all-gathers and
+   one reduce-scatter, 3·(N − 1)/N·Ψ elements on the wire a rank, 1.5 times data
+   parallelism's all-reduce (2·(N − 1)/N·Ψ).
+4. ``shard_layers(model, prefetch=True)``: the next layer's all-gather is issued before
+   this layer computes, so the two overlap; at most two layers are whole at once.
+
+The same code runs on gloo processes on a CPU and under ``torchrun`` with NCCL. Every
+function is called on every rank, inside an initialised default process group, with the
+same model (same initial weights) on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention, then a 4× MLP."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.heads, -1).unbind(2)
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.out(attended.transpose(1, 2).reshape(batch, length, dim))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class TinyTransformer(nn.Module):
+    """``layers`` blocks of width ``dim``. No embedding and no head: every parameter lives
+    in a block, so each block is one unit of sharding (a real model adds one unit for the
+    embedding and one for the head)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, layers: int = 4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean squared error of the model's output: the mean over this rank's batch."""
+    return F.mse_loss(model(x), target)
+
+
+# --- 1. data parallel, by hand -----------------------------------------------------------------
+
+
+def average_gradients(model: nn.Module) -> None:
+    """After ``loss.backward()`` on every rank: each gradient becomes the mean of the
+    ranks' gradients, the gradient of the loss over the whole batch (the ranks' batches
+    being the same size). One blocking all-reduce per parameter: as many messages as
+    tensors, and none starts before backward has ended."""
+    world = dist.get_world_size()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= world
+
+
+class DataParallel:
+    """Bucketed all-reduce, overlapped with backward.
+
+    Backward produces gradients from the last layer to the first. The parameters are put
+    in buckets of about ``bucket_bytes`` in that order; a hook on each parameter counts
+    the gradients ready, and once a bucket's last gradient is there, the bucket is copied
+    into one flat tensor and all-reduced asynchronously while backward goes on with the
+    earlier layers. ``finish()``, after ``loss.backward()``, waits for every bucket and
+    copies the averages back into the gradients.
+    """
+
+    def __init__(self, model: nn.Module, bucket_bytes: int = 1 << 20):
+        self.world = dist.get_world_size()
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for parameter in reversed([p for p in model.parameters() if p.requires_grad]):
+            if size >= bucket_bytes:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(parameter)
+            size += parameter.numel() * parameter.element_size()
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)
+        self.pending: list[tuple[dist.Work, torch.Tensor, list[nn.Parameter]]] = []
+        for bucket in self.buckets:
+            for parameter in bucket:
+                parameter.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, parameter: nn.Parameter) -> None:
+        index = self.bucket_of[id(parameter)]
+        self.ready[index] += 1
+        bucket = self.buckets[index]
+        ### BEGIN SOLUTION
+        if self.ready[index] == len(bucket):  # the bucket's last gradient: send it now
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            work = dist.all_reduce(flat, async_op=True)
+            self.pending.append((work, flat, bucket))
+        ### END SOLUTION
+
+    def finish(self) -> None:
+        """Wait for every bucket's all-reduce and write the mean back into each gradient."""
+        ### BEGIN SOLUTION
+        for work, flat, bucket in self.pending:
+            work.wait()
+            flat /= self.world
+            offset = 0
+            for parameter in bucket:
+                parameter.grad.copy_(flat[offset:offset + parameter.numel()].view_as(parameter))
+                offset += parameter.numel()
+        ### END SOLUTION
+        self.pending.clear()
+        self.ready = [0] * len(self.buckets)
+
+
+# --- 2. fully sharded: ZeRO-3 ------------------------------------------------------------------
+
+
+class ShardedLayer:
+    """One layer's parameters as one flat vector, of which this rank keeps ⌈numel/N⌉.
+
+    ``shard``: this rank's slice, the parameter the optimizer steps. ``full``: the whole
+    (padded) vector, whose storage exists only between ``gather`` and ``free``; the
+    layer's own parameters are views of it, so the layer's forward runs unchanged and
+    autograd, which keeps references to those views for backward, finds the weights again
+    once ``gather`` has refilled the same storage.
+    """
+
+    def __init__(self, layer: nn.Module, rank: int, world: int):
+        self.layer, self.world = layer, world
+        self.params = [p for p in layer.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_numel = math.ceil(self.numel / world)
+        with torch.no_grad():
+            flat = torch.cat([p.reshape(-1) for p in self.params])
+            padded = F.pad(flat, (0, self.shard_numel * world - self.numel))
+            self.shard = nn.Parameter(padded[rank * self.shard_numel:][:self.shard_numel].clone())
+            self.full = torch.empty_like(padded)
+            offset = 0
+            for p in self.params:
+                p.data = self.full[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self.gathering: dist.Work | None = None
+        self.grads_ready = 0
+        self.free()
+
+    @property
+    def gathered(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+    def gather(self, async_op: bool = False) -> None:
+        """Rebuild the whole vector from every rank's shard (a no-op if it is whole or on
+        its way); with ``async_op``, return at once and let ``wait`` finish."""
+        if self.gathered:
+            return
+        ### BEGIN SOLUTION
+        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
+        # Into .data: autograd must not count the refill as a change to the saved weights.
+        self.gathering = dist.all_gather_into_tensor(self.full.data, self.shard.detach(),
+                                                     async_op=async_op)
+        ### END SOLUTION
+        if not async_op:
+            self.gathering = None
+
+    def wait(self) -> None:
+        """Block until an asynchronous ``gather`` has arrived."""
+        if self.gathering is not None:
+            self.gathering.wait()
+            self.gathering = None
+
+    def free(self) -> None:
+        """Give the whole vector's memory back; the shard stays."""
+        ### BEGIN SOLUTION
+        self.full.untyped_storage().resize_(0)
+        ### END SOLUTION
+
+    def reduce_gradients(self) -> None:
+        """Once backward has produced every gradient of the layer: each rank receives the
+        mean over ranks of its own slice, as its shard's gradient. Then the whole
+        gradients and weights are freed."""
+        ### BEGIN SOLUTION
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat = F.pad(flat, (0, self.shard_numel * self.world - self.numel))
+        mine = torch.empty_like(self.shard)
+        dist.reduce_scatter_tensor(mine, flat)
+        mine /= self.world
+        if self.shard.grad is None:
+            self.shard.grad = mine
+        else:  # gradient accumulation over several backward passes
+            self.shard.grad += mine
+        ### END SOLUTION
+        for p in self.params:  # the whole gradients and weights are not needed any more
+            p.grad = None
+        self.free()
+
+
+def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Parameter]:
+    """Shard every block of ``model`` across the ranks (ZeRO-3) and return the shards,
+    one flat parameter per block, for the optimizer: ``AdamW(shard_layers(model))``.
+
+    Afterwards ``loss_fn(model, x, y).backward()`` works as before, leaves each shard's
+    gradient as the mean over ranks, and leaves every block sharded. With ``prefetch``,
+    each block's forward first issues the next block's all-gather, asynchronously, so that
+    it arrives while this block computes; backward likewise gathers the block before.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    units = [ShardedLayer(block, rank, world) for block in model.blocks]
+    ### BEGIN SOLUTION
+
+    def before_forward(index: int):
+        def hook(module, args):
+            unit = units[index]
+            unit.gather()  # a no-op if prefetched
+            unit.wait()
+            if prefetch and index + 1 < len(units):
+                units[index + 1].gather(async_op=True)
+        return hook
+
+    def after_forward(index: int):
+        def hook(module, args, output):
+            units[index].free()
+        return hook
+
+    def before_backward(index: int):
+        def hook(module, grad_output):
+            units[index].gather()
+            units[index].wait()
+            if prefetch and index > 0:
+                units[index - 1].gather(async_op=True)
+        return hook
+
+    def gradient_ready(index: int):
+        def hook(parameter):
+            unit = units[index]
+            unit.grads_ready += 1
+            if unit.grads_ready == len(unit.params):
+                unit.grads_ready = 0
+                unit.reduce_gradients()
+        return hook
+
+    for index, (block, unit) in enumerate(zip(model.blocks, units, strict=True)):
+        block.register_forward_pre_hook(before_forward(index))
+        block.register_forward_hook(after_forward(index))
+        block.register_full_backward_pre_hook(before_backward(index))
+        for p in unit.params:
+            p.register_post_accumulate_grad_hook(gradient_ready(index))
+    ### END SOLUTION
+    return [unit.shard for unit in units]

@@ -1,0 +1,165 @@
+"""fsdp/zero3 and fsdp/prefetch: the course's sharding and one written another way pass;
+each classic slip fails, named. Every check runs real gloo ranks, so each test grades the
+one case that shows its bug (three ranks, shards that need padding)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from mutants import grade, mutant, only
+from torch import nn
+
+from rooflab.autograder import get_problem
+from rooflab.autograder.problems import fsdp as problems
+from rooflab.kernels import fsdp
+
+PADDED = "the shards need padding"
+
+
+def _one_case(problem: str):
+    return only(problem, PADDED)
+
+
+def _mutant(tmp_path, *edits):
+    return mutant(tmp_path, "fsdp", *edits)
+
+
+def test_the_course_solution_passes_far_inside_the_bar():
+    # Both problems, every case, run in test_solutions.py; here, that one process and the
+    # ranks agree far inside the bar on the case with padding: the bar is not loose.
+    result = grade(_one_case("fsdp/prefetch"), fsdp.shard_layers)
+    assert result.passed, result.causes
+    assert result.cases[0].comparison.rel_error < problems.RELATIVE / 5
+
+
+class _SwappedShard:
+    """ZeRO-3 written another way: each parameter's .data is swapped between an empty
+    tensor and a view of a list-form all-gather (no storage resizing), and the gradients
+    are reduce-scattered from a list of chunks."""
+
+    def __init__(self, block: nn.Module, rank: int, world: int):
+        self.params = list(block.parameters())
+        self.world, self.rank = world, rank
+        self.numel = sum(p.numel() for p in self.params)
+        self.chunk = -(-self.numel // world)
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        flat = F.pad(flat, (0, self.chunk * world - self.numel))
+        self.shard = nn.Parameter(flat.chunk(world)[rank].clone())
+        self.done = 0
+        self.release()
+
+    def fetch(self) -> None:
+        if self.params[0].numel():
+            return
+        parts = [torch.empty(self.chunk) for _ in range(self.world)]
+        dist.all_gather(parts, self.shard.detach())
+        flat, offset = torch.cat(parts), 0
+        for p, shape in zip(self.params, self.shapes, strict=True):
+            p.data = flat[offset:offset + shape.numel()].view(shape)
+            offset += shape.numel()
+
+    def release(self) -> None:
+        self.shapes = getattr(self, "shapes", [p.shape for p in self.params])
+        for p in self.params:
+            p.data = torch.empty(0)
+
+    def reduce(self) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat = F.pad(flat, (0, self.chunk * self.world - self.numel))
+        mine = torch.empty(self.chunk)
+        dist.reduce_scatter(mine, list(flat.chunk(self.world)))
+        self.shard.grad = mine / self.world
+        for p in self.params:
+            p.grad = None
+        self.release()
+
+
+def swapped_shard_layers(model):
+    units = [_SwappedShard(b, dist.get_rank(), dist.get_world_size()) for b in model.blocks]
+    for block, unit in zip(model.blocks, units, strict=True):
+        block.register_forward_pre_hook(lambda m, a, u=unit: u.fetch())
+        block.register_forward_hook(lambda m, a, o, u=unit: u.release())
+        block.register_full_backward_pre_hook(lambda m, g, u=unit: u.fetch())
+
+        def ready(p, u=unit):
+            u.done += 1
+            if u.done == len(u.params):
+                u.done = 0
+                u.reduce()
+        for p in unit.params:
+            p.register_post_accumulate_grad_hook(ready)
+    return [unit.shard for unit in units]
+
+
+def test_zero3_written_another_way_passes():
+    result = grade("fsdp/zero3", swapped_shard_layers)
+    assert result.passed, result.causes
+
+
+NO_FREE = ("    def after_forward(index: int):\n        def hook(module, args, output):\n"
+           "            units[index].free()\n",
+           "    def after_forward(index: int):\n        def hook(module, args, output):\n"
+           "            pass\n")
+SUMMED = ("        mine /= self.world\n", "")
+ALL_REDUCED = ("        dist.reduce_scatter_tensor(mine, flat)\n",
+               "        dist.all_reduce(flat)\n"
+               "        mine.copy_(flat.chunk(self.world)[dist.get_rank()])\n")
+STALE = ("        self.gathering = dist.all_gather_into_tensor(self.full.data, "
+         "self.shard.detach(),\n",
+         "        self.initial = getattr(self, 'initial', self.shard.detach().clone())\n"
+         "        self.gathering = dist.all_gather_into_tensor(self.full.data, self.initial,\n")
+ONE_TOO_MANY = ("        self.shard_numel = math.ceil(self.numel / world)\n",
+            "        self.shard_numel = math.ceil(self.numel / world) + 1\n")
+BLOCKING_PREFETCH = ("                units[index + 1].gather(async_op=True)\n",
+                     "                units[index + 1].gather()\n")
+NO_PREFETCH = ("            if prefetch and index + 1 < len(units):\n",
+               "            if False:\n")
+
+SLIPS = [
+    ("not freed after forward", "fsdp/zero3", [NO_FREE], "blocks were whole at once"),
+    ("summed, not averaged", "fsdp/zero3", [SUMMED], "times too large"),
+    ("all-reduced gradients", "fsdp/zero3", [ALL_REDUCED], "all-reduced the gradients"),
+    ("stale weights", "fsdp/zero3", [STALE], "do not reach the weights"),
+    ("a shard too large", "fsdp/zero3", [ONE_TOO_MANY], "each holds ⌈"),
+    ("prefetch that blocks", "fsdp/prefetch", [BLOCKING_PREFETCH], "asynchronously"),
+    ("no prefetch", "fsdp/prefetch", [NO_PREFETCH], "had not been issued"),
+]
+
+
+@pytest.mark.parametrize("name, problem, edits, words", SLIPS, ids=[s[0] for s in SLIPS])
+def test_each_classic_slip_fails_and_is_named(tmp_path, name, problem, edits, words):
+    broken = _mutant(tmp_path, *edits)
+    result = grade(_one_case(problem), broken.shard_layers)
+    assert not result.passed
+    assert words in " ".join(result.causes), result.causes
+
+
+def test_a_shard_count_that_is_not_one_a_block_is_named():
+    def one_shard(model):
+        fsdp.shard_layers(model)
+        return [nn.Parameter(torch.zeros(1))]
+    result = grade(_one_case("fsdp/zero3"), one_shard)
+    assert not result.passed
+    assert "1 shards for 3 blocks" in result.causes[0], result.causes
+
+
+def test_the_reference_is_one_process_and_the_bytes_follow_the_formula():
+    case = get_problem("fsdp/zero3").cpu_cases[1]
+    n, dim, layers = case.sizes["ranks"], case.sizes["dim"], case.sizes["layers"]
+    sizes = problems.block_sizes(problems.make_model(dim, 4, layers))
+    assert sizes == [12 * dim * dim + 13 * dim] * layers
+    assert any(size % n for size in sizes), "this case is meant to need padding"
+    padded = sum(n * math.ceil(size / n) for size in sizes)
+    assert problems.cost(case).bytes == pytest.approx(3 * (n - 1) / n * padded * 4 * 5)
+    # The reference trains one model: its first loss is that model's on the whole batch.
+    inputs = problems._inputs(False)(case, torch.Generator().manual_seed(0), None)
+    want = problems.reference(inputs[0][0], [i[1] for i in inputs], [i[2] for i in inputs])
+    model = problems.make_model(dim, 4, layers)
+    whole_x = torch.cat([i[1][0] for i in inputs])
+    whole_y = torch.cat([i[2][0] for i in inputs])
+    assert float(want[0, 0]) == pytest.approx(fsdp.loss_fn(model, whole_x, whole_y).item(),
+                                              rel=1e-6)
