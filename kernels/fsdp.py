@@ -279,3 +279,34 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Para
             p.register_post_accumulate_grad_hook(gradient_ready(index))
     ### END SOLUTION
     return [unit.shard for unit in units]
+
+
+# --- 3. memory: what a rank holds --------------------------------------------------------------
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2's parameters are DTensors), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def bytes_held(tensors) -> int:
+    """The bytes of the distinct storages behind ``tensors`` on this rank: a view counts
+    once with its base, a freed storage (resized to 0) as nothing."""
+    storages = {}
+    for tensor in tensors:
+        if tensor is not None:
+            storage = _local(tensor).untyped_storage()
+            storages[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(storages.values())
+
+
+def memory_held(parameters, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds for training, by kind: the parameters it keeps (the shards,
+    under sharding), their gradients, and the optimizer's state (Adam: two moments)."""
+    parameters = list(parameters)
+    state = [value for per_parameter in optimizer.state.values()
+             for value in per_parameter.values()
+             if isinstance(value, torch.Tensor) and value.dim() > 0]
+    return {"parameters": bytes_held(parameters),
+            "gradients": bytes_held(p.grad for p in parameters),
+            "optimizer": bytes_held(state)}
