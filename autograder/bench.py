@@ -1,4 +1,5 @@
 """Benchmarks: the course's kernels against the library, on a GPU, as evidence.
+(``RANK_BENCHES``, at the end of the registry, run on CPU ranks instead.)
 
 ``rooflab bench matmul`` (or ``coalescing``) times each kernel with the course's timer
 (median, L2 flushed) on fresh random inputs, checks its answer, and reports time,
@@ -244,6 +245,21 @@ BENCHES: dict[str, Callable[[str], list[Workload]]] = {
     "kmeans": _kmeans_workloads,
     "amp": _amp_workloads,
 }
+
+# Benchmarks on ranks of a gloo group on this machine's CPU, which time no GPU kernel:
+# name -> "module:function", imported only when run. Each function has the signature in
+# bench_collectives' docstring: main(*, json_path, baseline, tolerance) -> exit status.
+RANK_BENCHES: dict[str, str] = {
+    "allreduce": "rooflab.autograder.bench_collectives:main",
+}
+
+
+def rank_bench(name: str) -> Callable[..., int]:
+    """The ``main`` of a benchmark in ``RANK_BENCHES``."""
+    import importlib
+
+    module, function = RANK_BENCHES[name].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def _check(label: str, load: Workload, inputs: tuple, when: str) -> None:

@@ -8,8 +8,10 @@
     rooflab roofline [--remeasure]       this device's ceilings beside its datasheet, and when
                                          and how they were measured
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
-    rooflab bench matmul|coalescing|softmax|attention
+    rooflab bench matmul|coalescing|softmax|attention|...
                                          kernels against the library, timed (GPU only)
+    rooflab bench allreduce              the course's ring against dist.all_reduce, on
+                                         gloo ranks on this CPU
     rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
     rooflab release OUT/                 the course without its answers, for learners
 """
@@ -260,6 +262,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
+    if args.name in bench.RANK_BENCHES:  # ranks on this CPU: no GPU needed
+        return bench.rank_bench(args.name)(json_path=args.json, baseline=args.baseline,
+                                           tolerance=_fraction(args.tolerance))
     if not device.current().can_measure:
         print(f"rooflab bench: {device.current().mode}: benchmarks need a GPU; nothing was "
               "timed", file=sys.stderr)
@@ -408,14 +413,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--card", default=None, help="card to predict for (default H100 SXM), or "
                    "a ceilings JSON measured on a GPU")
 
-    p = commands.add_parser("bench", help="the course's kernels against the library (GPU)")
-    from .bench import BENCHES
+    p = commands.add_parser("bench", help="the course's kernels against the library (GPU; "
+                            "allreduce: gloo ranks on this CPU)")
+    from .bench import BENCHES, RANK_BENCHES
 
-    p.add_argument("name", choices=list(BENCHES), help="which benchmark")
+    p.add_argument("name", choices=[*BENCHES, *RANK_BENCHES], help="which benchmark")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON; a folder "
-                   "gets <card>-<date>-<name>.json")
+                   "gets <card>-<date>-<name>.json (<cpu>-... for the benches on ranks)")
     p.add_argument("--baseline", metavar="FILE", help="a record to gate against (or "
-                   "'newest': this card's newest in bench/results/): exit 1 when a kernel's "
+                   "'newest': this card's (CPU's) newest in bench/results/): exit 1 when a "
+                   "kernel's "
                    "speed relative to the library fell by more than the tolerance")
     p.add_argument("--tolerance", default="5%", help="how far below its record a row may "
                    "fall (default 5%%)")
