@@ -16,6 +16,10 @@ The ladder:
    2(N − 1)/N·S per rank, under 2S whatever N, and the least any all-reduce can send
    (Patarasuk and Yuan, 2009).
 
+4. ``add_into``: on GPUs, the addition inside each reduce-scatter step, chunk += incoming,
+   is a kernel of its own: it reads two chunks and writes one, so it is bound by memory
+   bandwidth, and a step is only as quick as the slower of its transfer and its addition.
+
 You will learn about:
 
 * point-to-point messages in torch.distributed, blocking (``send``/``recv``) and not
@@ -32,6 +36,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 
 def naive_all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +79,10 @@ def ring_allreduce_deadlock(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def ring_allreduce(x: torch.Tensor) -> torch.Tensor:
+def ring_allreduce(x: torch.Tensor, average: bool = False) -> torch.Tensor:
     """Ring all-reduce: a reduce-scatter, then an all-gather, around the ring of ranks.
+    With ``average`` (floating tensors), the mean over ranks instead of the sum, as data
+    parallelism wants for gradients.
 
     The tensor is cut into N chunks whose sizes differ by at most one element
     (``tensor_split``: any size, even one smaller than N, where some chunks are empty).
@@ -84,7 +92,9 @@ def ring_allreduce(x: torch.Tensor) -> torch.Tensor:
     In step s of the all-gather, rank r sends its summed chunk r + 1 − s and receives
     chunk r − s, which its left neighbour has summed. Each step posts the send and the
     receive together (``isend``/``irecv``): with blocking calls every rank would send
-    first and wait forever (``ring_allreduce_deadlock``).
+    first and wait forever (``ring_allreduce_deadlock``). The mean divides each summed
+    chunk once, on the rank that finished it, before the all-gather: 1/N of the divisions
+    of dividing the whole tensor on every rank, and every rank gets the same bits.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     flat = x.contiguous().view(-1)  # x itself when contiguous: the sum is written in place
@@ -99,6 +109,8 @@ def ring_allreduce(x: torch.Tensor) -> torch.Tensor:
             request.wait()
         # The partial sum from the left, plus this rank's own: the ring's order.
         theirs += incoming
+    if average:  # chunk r + 1 is complete here, and only here
+        chunks[(rank + 1) % world].div_(world)
     for step in range(world - 1):  # all-gather
         done, arriving = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
         requests = [dist.isend(done, right), dist.irecv(arriving, left)]
@@ -108,14 +120,48 @@ def ring_allreduce(x: torch.Tensor) -> torch.Tensor:
     return flat.view_as(x)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The same functions outside the grader, under ``torchrun``:
+@triton.jit
+def add_into_kernel(chunk_ptr, incoming_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    ### BEGIN SOLUTION
+    pid = tl.program_id(axis=0)
+    offsets = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n  # a chunk is rarely a multiple of the block
+    # Add in fp32 and round once: the sum of two fp16 or bf16 values correctly rounded, as
+    # torch's own add gives it (and the interpreter cannot add in bf16).
+    a = tl.load(chunk_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(incoming_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, (a + b).to(out_ptr.dtype.element_ty), mask=mask)
+    ### END SOLUTION
 
-        torchrun --standalone --nproc-per-node=N -m rooflab.kernels.collectives
+
+def add_into(chunk: torch.Tensor, incoming: torch.Tensor, out: torch.Tensor | None = None,
+             block: int = 1024) -> torch.Tensor:
+    """out = chunk + incoming, elementwise, in one pass: each byte of the two chunks read
+    once, each byte of the sum written once. ``out`` may be ``chunk`` itself (the default),
+    which is the ring's step, chunk += incoming: each element is read before it is
+    written, by the same program. Contiguous tensors of one shape and dtype."""
+    out = chunk if out is None else out
+    assert chunk.shape == incoming.shape == out.shape, "chunk, incoming and out must match"
+    assert chunk.dtype == incoming.dtype == out.dtype, "one dtype for all three"
+    assert chunk.is_contiguous() and incoming.is_contiguous() and out.is_contiguous()
+    n = out.numel()
+    if n:  # an empty chunk (a tensor smaller than the ring) needs no launch
+        add_into_kernel[(triton.cdiv(n, block),)](chunk, incoming, out, n, BLOCK=block)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The same functions outside the grader, under ``torchrun``; on eight GPUs:
+
+        torchrun --standalone --nproc-per-node=8 -m rooflab.kernels.collectives
 
     NCCL with one GPU per rank where there are enough GPUs, gloo on the CPU otherwise.
     Rank 0 prints whether the ring's sum is ``dist.all_reduce``'s (exactly, for
     integers) and both times, with the bus bandwidth 2(N − 1)/N·S / t of each.
+
+    The NCCL path is untested: this has not been run on a machine with several GPUs (none
+    was available). The gloo path is tested (``tests/test_collectives.py`` runs this under
+    ``torch.distributed.run`` on three CPU ranks).
     """
     import argparse
     import os

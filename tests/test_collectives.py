@@ -389,3 +389,36 @@ def test_every_call_is_recorded_once_with_its_peer_bytes_and_order():
                      ("all_reduce", None, 40, 0, "")]
     assert case.ranks[0].log.calls[0].at[2] == "talk"  # the learner's frame
     assert torch.equal(case.ranks[2].output, torch.full((5,), 3.0, dtype=torch.float64))
+
+
+# --- average=True: the mean over ranks ------------------------------------------------------
+
+def sum_for_the_mean(x: torch.Tensor, average: bool = False) -> torch.Tensor:
+    return ring_allreduce(x)
+
+
+def mean_divided_twice(x: torch.Tensor, average: bool = False) -> torch.Tensor:
+    ring_allreduce(x, average)
+    if average:
+        x /= dist.get_world_size()
+    return x
+
+
+def mean_divided_at_the_end(x: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """Every rank divides the whole sum: more divisions than needed, the same bits."""
+    ring_allreduce(x)
+    if average:
+        x /= dist.get_world_size()
+    return x
+
+
+def test_the_mean_is_graded_and_its_slips_are_named():
+    from rooflab.autograder.problems.collectives import AVERAGE
+
+    spec = spec_with(4, 8, notes=(AVERAGE,))
+    assert len(spec.cpu_cases) == 2
+    assert grade(spec, mean_divided_at_the_end).passed
+    message = grade(spec, sum_for_the_mean).message()
+    assert "the sum, not the mean: divide each summed chunk by N once" in message
+    message = grade(spec, mean_divided_twice).message()
+    assert "divided by N twice" in message

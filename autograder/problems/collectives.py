@@ -15,7 +15,11 @@ of a gloo process group (``ranks/``) and grades three things:
   of the messages differ.
 
 A dropped remainder shows only where N does not divide the size: most cases' sizes are
-such. A tree shows in its order at N = 4, a naive all-reduce at N = 3.
+such. A tree shows in its order at N = 4, a naive all-reduce at N = 3. Two cases pass
+``average=True`` and want the mean: the sum and a double division are named.
+
+``collectives/add_into`` is the same ring step's addition on one GPU, chunk + incoming as
+a Triton kernel, graded by the ordinary engine against the copy roof.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ import math
 import torch
 
 from ..compare import Comparison, compare
-from ..problem import DEFAULT_TOLERANCES, EXACT, Case, Cost, register
+from ..problem import (
+    DEFAULT_TOLERANCES,
+    EXACT,
+    Case,
+    Cost,
+    Levels,
+    Problem,
+    Structure,
+    random_tensor,
+    register,
+)
 from ..ranks import RanksProblem
 from ..ranks.problem import world_size
 from ..ranks.record import RankLog
@@ -35,6 +49,7 @@ F32, I64, I32 = torch.float32, torch.int64, torch.int32
 REMAINDER = "N does not divide the size"
 TINY = "fewer elements than ranks"
 EXACT_NOTE = "exact: as dist.all_reduce"
+AVERAGE = "average=True: the mean over ranks"
 # Below this many elements per chunk, two ring orders can give the same bits over a whole
 # chunk by chance; the order is graded only above it.
 ORDER_MIN_CHUNK = 64
@@ -53,11 +68,18 @@ CASES = [
     _case(5, I32, n=1000, note=EXACT_NOTE),
     _case(8, n=65539, note=REMAINDER),
     _case(8, n=6, note=TINY),
+    # N a power of two: the mean times N is the ring's sum exactly, so its order is graded.
+    _case(4, n=4099, average=1, note=AVERAGE),
+    _case(8, n=1029, average=1, note=AVERAGE),
 ]
 
 
 def _shape(case: Case) -> tuple[int, ...]:
-    return tuple(size for name, size in case.sizes.items() if name != "ranks")
+    return tuple(size for name, size in case.sizes.items() if name not in ("ranks", "average"))
+
+
+def _average(case: Case) -> bool:
+    return bool(case.sizes.get("average"))
 
 
 def _elements(case: Case) -> int:
@@ -65,13 +87,16 @@ def _elements(case: Case) -> int:
 
 
 def make_inputs(case: Case, generator: torch.Generator, device: torch.device) -> list[tuple]:
-    """One tensor per rank: normal values, or integers in ±1000 (no sum can overflow)."""
+    """One tensor per rank: normal values, or integers in ±1000 (no sum can overflow);
+    then ``average=True`` where the case asks for the mean."""
     shape = _shape(case)
     if case.dtype.is_floating_point:
-        return [(torch.randn(shape, generator=generator, device=device).to(case.dtype),)
-                for _ in range(world_size(case))]
-    return [(torch.randint(-1000, 1001, shape, generator=generator, device=device,
-                           dtype=case.dtype),) for _ in range(world_size(case))]
+        xs = [torch.randn(shape, generator=generator, device=device).to(case.dtype)
+              for _ in range(world_size(case))]
+    else:
+        xs = [torch.randint(-1000, 1001, shape, generator=generator, device=device,
+                            dtype=case.dtype) for _ in range(world_size(case))]
+    return [(x, True) if _average(case) else (x,) for x in xs]
 
 
 def reference(*xs: torch.Tensor) -> torch.Tensor:
@@ -252,11 +277,24 @@ def _remainder_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
     return ""
 
 
+def _average_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
+    """The classic slips of a mean: the sum itself, or divided by N more than once."""
+    if out.shape != want.shape:
+        return ""
+    for factor, words in ((n, "the sum, not the mean: divide each summed chunk by N once"),
+                          (1 / n, "divided by N twice: divide once, on the rank that "
+                                  "finished the chunk (or once on every rank at the end)")):
+        if torch.allclose(out.double(), want.double() * factor, rtol=1e-4, atol=1e-6):
+            return words
+    return ""
+
+
 def grade(case: Case, inputs: list[tuple], outputs: list[object],
           logs: list[RankLog]) -> CaseResult:
     n = world_size(case)
     xs = [args[0] for args in inputs]
-    want = reference(*xs)
+    average = _average(case)
+    want = reference(*xs) / n if average else reference(*xs)
     floating = case.dtype.is_floating_point
     tolerance = DEFAULT_TOLERANCES["fp32"] if floating else EXACT
     first: Comparison | None = None
@@ -269,7 +307,8 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
         seen = compare(out, want, dtype=case.dtype, device=torch.device("cpu"),
                        tolerance=tolerance, name=name)
         if not seen.ok:
-            return CaseResult(case, seen, advice=_remainder_advice(out, want, n))
+            return CaseResult(case, seen, advice=_average_advice(out, want, n) if average
+                              else _remainder_advice(out, want, n))
         first = first or seen
     assert first is not None
     for rank, out in enumerate(outputs[1:], start=1):
@@ -281,8 +320,9 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
                 "chunk is summed once, on one rank, and every rank receives that sum")))
     causes = message_causes(case, logs)
     if floating and n >= 3 and _elements(case) >= ORDER_MIN_CHUNK * n:
-        order = ring_order(torch.stack([x.reshape(-1) for x in xs]),
-                           outputs[0].reshape(-1))
+        # The mean of a power-of-two N, times N, is the sum bit for bit.
+        summed = outputs[0] * n if average else outputs[0]
+        order = ring_order(torch.stack([x.reshape(-1) for x in xs]), summed.reshape(-1))
         causes = [order, *causes] if order else causes
     # The sum is right (``first`` says how close): what is left is how it was computed.
     return CaseResult(case, first, error="; ".join(causes))
@@ -291,8 +331,9 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
 register(RanksProblem(
     id="collectives/ring_allreduce",
     title="Ring all-reduce",
-    signature="ring_allreduce(x: Tensor) -> Tensor, on every rank: the sum of x over all "
-              "ranks (in place allowed)",
+    signature="ring_allreduce(x: Tensor, average: bool = False) -> Tensor, on every rank: "
+              "the sum of x over all ranks, or their mean with average=True (in place "
+              "allowed)",
     make_inputs=make_inputs,
     reference=reference,
     cost=cost,
@@ -311,6 +352,66 @@ register(RanksProblem(
            "(r − s − 1) mod N from rank r − 1 into a buffer and add it in. After N − 1 steps "
            "chunk r + 1 is complete on rank r. All-gather step s: send chunk (r + 1 − s), "
            "receive chunk (r − s) straight into place. Post each step's isend and irecv "
-           "together, then wait for both: two blocking sends deadlock."),
+           "together, then wait for both: two blocking sends deadlock. For the mean, "
+           "divide chunk r + 1 by N between the two phases."),
     answer_in=("ring_allreduce",),
+))
+
+
+# --- the local reduction of a ring step, on one GPU --------------------------------------
+
+def _add_into_inputs(case: Case, generator: torch.Generator, device: torch.device) -> tuple:
+    n = case.sizes["n"]
+    return tuple(random_tensor((n,), case.dtype, generator, device, case.scale)
+                 for _ in range(2))
+
+
+def _add_into_cost(case: Case) -> Cost:
+    """Two chunks read, one written: a copy's bytes and a half again, one FLOP an element."""
+    n = case.sizes["n"]
+    return Cost(flops=n, bytes=3 * n * case.dtype.itemsize)
+
+
+register(Problem(
+    id="collectives/add_into",
+    title="A ring step's reduction, chunk + incoming, at the bandwidth roof",
+    signature="add_into(chunk: Tensor[n], incoming: Tensor[n], out: Tensor[n]) -> Tensor[n]  "
+              "# out = chunk + incoming; the ring passes out=chunk",
+    make_inputs=_add_into_inputs,
+    reference=lambda chunk, incoming: chunk + incoming,
+    cost=_add_into_cost,
+    # The grader passes ``out`` apart from ``chunk``, so that a kernel storing into the
+    # wrong tensor shows (chunk or incoming changed, out unwritten).
+    output_arg=True,
+    out_shape=lambda case: (case.sizes["n"],),
+    cpu_cases=[
+        Case({"n": 1}, torch.float32, note="one element"),
+        Case({"n": 3001}, torch.float32, note="ragged tail"),
+        Case({"n": 4097}, torch.float16, note="ragged tail"),
+        Case({"n": 3000}, torch.float16, scale=1e4, note="large values"),
+        Case({"n": 2049}, torch.bfloat16),
+        Case({"n": 8 * 4096 + 3}, torch.float32, note="a chunk of 8: traced for traffic"),
+    ],
+    # A 2 GiB bf16 gradient on 8 GPUs leaves chunks of 128 Mi elements; 2^26 fp32 (768 MB
+    # moved) is as far beyond any L2, and checks on a 16 GB card.
+    gpu_cases=[
+        Case({"n": 1_000_003}, torch.float32, note="ragged tail"),
+        Case({"n": (1 << 25) + 7}, torch.float16, scale=1e4, note="large values"),
+        Case({"n": (1 << 25) + 5}, torch.bfloat16),
+        Case({"n": 1 << 26}, torch.float32, note="fills the chip"),
+    ],
+    # Read two, write one, nothing else: as close to the copy roof as a copy.
+    levels=Levels(passing=0.85, good=0.9, excellent=0.95),
+    structure=Structure(sector_efficiency=0.9, dram_over_compulsory=1.5),
+    # copy_ too: out = chunk, then out += incoming reads and writes out once more.
+    library_ops=frozenset({"add", "add_", "sum", "stack", "cat", "copy_"}),
+    baseline=torch.add,
+    baseline_name="torch.add",
+    solution="rooflab.kernels.collectives:add_into",
+    hints=("One program a block of BLOCK elements: offsets = pid * BLOCK + "
+           "tl.arange(0, BLOCK). Load a block of chunk and of incoming, store their sum into "
+           "out.",
+           "The last block runs past n: mask = offsets < n on both loads and the store. Add "
+           "in fp32 (.to(tl.float32)) and cast to out's dtype when storing."),
+    answer_in=("add_into_kernel",),
 ))
