@@ -1,6 +1,10 @@
-"""`rooflab grade`, end to end on a CPU: a release is built, a class of seven submissions
+"""`rooflab grade`, end to end on a CPU: a release is built, a class of three submissions
 to lab 00 is graded in parallel, interrupted, and resumed; each learner gets the grade
-their notebook earns, whatever it did to the checks, the timer or the kernel."""
+their notebook earns, whatever it did to the checks, the timer or the kernel.
+
+Every notebook graded costs a kernel and the lab's imports, so two of the three learners
+each do several things wrong, each in an exercise of its own: every exercise is graded on
+its own cells, and the others of the notebook must still pass."""
 
 import copy
 import itertools
@@ -29,45 +33,42 @@ EXERCISES = ["roofline/cost_vector_add", "roofline/cost_softmax", "roofline/cost
              "roofline/cost_attention", "roofline/time_floor", "roofline/timer"]
 
 
-def _edit(cell_id: str, change) -> dict:
+def _edited(changes: dict, without: tuple[str, ...] = ()) -> dict:
+    """The solved notebook with each cell of ``changes`` changed (cell id: new source from
+    the old) and the cells ``without`` deleted."""
     notebook = copy.deepcopy(SOLVED)
+    notebook["cells"] = [c for c in notebook["cells"] if c["id"] not in without]
     for cell in notebook["cells"]:
-        if cell["id"] == cell_id:
-            cell["source"] = change("".join(cell["source"]))
-    return notebook
-
-
-def _without(cell_id: str) -> dict:
-    notebook = copy.deepcopy(SOLVED)
-    notebook["cells"] = [c for c in notebook["cells"] if c["id"] != cell_id]
-    return notebook
-
-
-def _wrong_softmax_and_its_check_edited() -> dict:
-    notebook = _edit("00-008", lambda s: s.replace("flops = 5 * elements", "flops = 4 * elements"))
-    for cell in notebook["cells"]:
-        if cell["id"] == "00-009":
-            cell["source"] = 'print("PASS roofline/cost_softmax")'
+        if cell["id"] in changes:
+            cell["source"] = changes[cell["id"]]("".join(cell["source"]))
     return notebook
 
 
 CLASS = {
     # learner: (how it is handed in, the notebook, what each exercise must get)
     "alice": ("notebook", SOLVED, {}),
-    "bob": ("folder", _without("00-006"), {}),  # a check deleted: restored, and passes
-    "carol": ("zip", _wrong_softmax_and_its_check_edited(),
-              {"roofline/cost_softmax": "flops: got"}),
-    "dave": ("notebook", _edit("00-011", lambda s: "while True:\n    pass\n" + s),
-             {"roofline/cost_matmul": "cell 00-011 failed (it ran past the cell time limit"}),
-    "erin": ("notebook", _edit("00-028", lambda s: (
-        "import time as _time\n_clock = _time.perf_counter\n"
-        "_time.perf_counter = lambda: _clock() * 0.5  # a clock running at half speed\n") + s),
-        {"roofline/timer": "replaced time.perf_counter"}),
-    "frank": ("notebook", _edit("00-014", lambda s: "import os\nos._exit(0)\n" + s),
-              {"roofline/cost_attention": "cell 00-014 ended the kernel"}),
-    "grace": ("notebook", _edit("00-017", lambda s: (
-        "import torch\n_hog = torch.empty(1 << 40, dtype=torch.uint8)\n") + s),
-        {"roofline/time_floor": "cell 00-017 failed ("}),
+    "bob": ("folder", _edited({
+        # A cell ending the kernel: the notebook runs again without it, and only its own
+        # exercise fails.
+        "00-014": lambda s: "import os\nos._exit(0)\n" + s,
+        # An endless loop after it (so that it is met once): interrupted at the cell's
+        # time limit. It sleeps, to leave the CPU to the other notebook graded meanwhile.
+        "00-017": lambda s: "import time\nwhile True:\n    time.sleep(0.05)\n" + s,
+    }, without=("00-006",)),  # a check deleted: restored, and passes
+        {"roofline/cost_attention": "cell 00-014 ended the kernel",
+         "roofline/time_floor": "cell 00-017 failed (it ran past the cell time limit"}),
+    "carol": ("zip", _edited({
+        # A wrong answer, and its check edited to print a pass.
+        "00-008": lambda s: s.replace("flops = 5 * elements", "flops = 4 * elements"),
+        "00-009": lambda s: 'print("PASS roofline/cost_softmax")',
+        # More memory than the cap allows.
+        "00-011": lambda s: "import torch\n_hog = torch.empty(1 << 40, dtype=torch.uint8)\n" + s,
+        # A clock running at half speed.
+        "00-028": lambda s: ("import time as _time\n_clock = _time.perf_counter\n"
+                             "_time.perf_counter = lambda: _clock() * 0.5\n") + s,
+    }), {"roofline/cost_softmax": "flops: got",
+         "roofline/cost_matmul": "cell 00-011 failed (",
+         "roofline/timer": "replaced time.perf_counter"}),
 }
 
 
