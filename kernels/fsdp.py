@@ -124,16 +124,13 @@ class DataParallel:
         index = self.bucket_of[id(parameter)]
         self.ready[index] += 1
         bucket = self.buckets[index]
-        ### BEGIN SOLUTION
         if self.ready[index] == len(bucket):  # the bucket's last gradient: send it now
             flat = torch.cat([p.grad.reshape(-1) for p in bucket])
             work = dist.all_reduce(flat, async_op=True)
             self.pending.append((work, flat, bucket))
-        ### END SOLUTION
 
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and write the mean back into each gradient."""
-        ### BEGIN SOLUTION
         for work, flat, bucket in self.pending:
             work.wait()
             flat /= self.world
@@ -141,7 +138,6 @@ class DataParallel:
             for parameter in bucket:
                 parameter.grad.copy_(flat[offset:offset + parameter.numel()].view_as(parameter))
                 offset += parameter.numel()
-        ### END SOLUTION
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
 
@@ -310,3 +306,33 @@ def memory_held(parameters, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     return {"parameters": bytes_held(parameters),
             "gradients": bytes_held(p.grad for p in parameters),
             "optimizer": bytes_held(state)}
+
+
+# --- 4. planning a large job: shard everywhere, or shard in a node and replicate ------------
+
+ADAM_MIXED_BYTES = 16  # a parameter: bf16 weight and gradient (2 + 2), fp32 master and moments
+
+
+def sharding_plan(params: float, nodes: int, gpus_per_node: int,
+                  hybrid: bool) -> tuple[float, float, float]:
+    """Per GPU and per step, for mixed-precision Adam on ``nodes`` × ``gpus_per_node``
+    GPUs: (bytes of training state held, bytes sent in collectives within a node, bytes
+    sent in collectives whose group spans nodes).
+
+    FSDP (``hybrid=False``) shards over all G GPUs: 16Ψ/G held; two all-gathers of the
+    bf16 weights and a reduce-scatter of the bf16 gradients, each (G − 1)/G·2Ψ sent, in a
+    group that spans nodes as soon as there are two. HSDP shards within a node (g GPUs)
+    and replicates across nodes: 16Ψ/g held; the same three collectives inside the node,
+    then an all-reduce of each gradient shard (2Ψ/g bytes) among the n replicas,
+    2(n − 1)/n·2Ψ/g, the only bytes that leave the node. A ring's counts throughout.
+    """
+    ### BEGIN SOLUTION
+    gpus = nodes * gpus_per_node
+    group = gpus_per_node if hybrid else gpus
+    held = ADAM_MIXED_BYTES * params / group
+    sharded = 3 * (group - 1) / group * 2 * params  # AG + AG + RS of bf16
+    replicated = 2 * (nodes - 1) / nodes * 2 * params / group if hybrid else 0.0
+    if hybrid or nodes == 1:
+        return held, sharded, replicated
+    return held, 0.0, sharded
+    ### END SOLUTION

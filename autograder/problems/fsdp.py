@@ -18,6 +18,9 @@ its slice of the batch. Graded:
 * memory: at most two blocks whole at once in forward, none after backward;
 * with ``prefetch``, the next block's all-gather is issued, asynchronously, before a
   block computes.
+
+``fsdp/plan`` counts, for a job on many nodes, what a GPU holds and sends under FSDP and
+under HSDP (shard within a node, replicate across nodes).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import torch
 import torch.distributed as dist
 
 from ..compare import Comparison
-from ..problem import Case, Cost, register
+from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
 from ..ranks.record import Call, Mark, RankLog
 from ..result import CaseResult
+from .roofline import real_number
 
 STEPS, BATCH, LENGTH, LR = 5, 2, 8, 1e-3  # a rank's batch: 2 sequences of 8
 RELATIVE = 1e-6
@@ -352,3 +356,98 @@ for _prefetch, _id, _title in ((False, "fsdp/zero3", "FSDP (ZeRO-3) from scratch
         hints=HINTS,
         answer_in=("ShardedLayer", "shard_layers"),
     ))
+
+
+# === fsdp/plan: FSDP or HSDP on many nodes, counted ===============================================
+
+PLAN_FIELDS = ("bytes held", "bytes sent within a node", "bytes sent across nodes")
+
+
+def _plan_case(params: float, nodes: int, gpus: int, hybrid: bool, note: str = "") -> Case:
+    return Case({"params": int(params), "nodes": nodes, "gpus_per_node": gpus,
+                 "hybrid": int(hybrid)}, torch.float64, note=note)
+
+
+PLAN_CASES = [
+    _plan_case(8e9, 8, 8, False, note="FSDP over 64 GPUs"),
+    _plan_case(8e9, 8, 8, True, note="HSDP: 8 replicas of 8-way sharding"),
+    _plan_case(70e9, 1, 8, False, note="one node"),
+    _plan_case(70e9, 1, 8, True, note="one node"),
+    _plan_case(405e9, 16, 8, True),
+    _plan_case(1.3e9, 4, 4, False),
+    _plan_case(1.3e9, 4, 4, True),
+]
+
+
+def _plan_inputs(case: Case, generator: torch.Generator, device: torch.device) -> tuple:
+    sizes = case.sizes
+    return (float(sizes["params"]), sizes["nodes"], sizes["gpus_per_node"],
+            bool(sizes["hybrid"]))
+
+
+def _plan_reference(params: float, nodes: int, gpus_per_node: int, hybrid: bool) -> dict:
+    from rooflab.kernels.fsdp import ADAM_MIXED_BYTES
+
+    # The state is sharded over one node (HSDP) or over every GPU (FSDP).
+    shards = gpus_per_node * (1 if hybrid else nodes)
+    rings = 3 * (shards - 1) / shards * 2 * params  # two all-gathers, one reduce-scatter
+    spans_nodes = not hybrid and nodes > 1
+    across = rings if spans_nodes else 0.0
+    if hybrid:  # the gradient shards' all-reduce among the node replicas
+        across = 2 * (nodes - 1) / nodes * 2 * params / shards
+    return {"want": (ADAM_MIXED_BYTES * params / shards, 0.0 if spans_nodes else rings,
+                     across),
+            "params": params, "nodes": nodes, "gpus_per_node": gpus_per_node,
+            "hybrid": hybrid}
+
+
+def compare_plan(output: object, reference: dict) -> str:
+    want = reference["want"]
+    if not isinstance(output, (tuple, list)) or len(output) != 3:
+        return f"return three numbers ({', '.join(PLAN_FIELDS)}); got {output!r}"
+    got = [real_number(value) for value in output]
+    if any(value is None for value in got):
+        return f"return three numbers ({', '.join(PLAN_FIELDS)}); got {output!r}"
+    wrong = [i for i in range(3) if not math.isclose(got[i], want[i], rel_tol=1e-9,
+                                                     abs_tol=1e-6)]
+    if not wrong:
+        return ""
+    shown = "; ".join(f"{PLAN_FIELDS[i]} {got[i]:.6g}, expected {want[i]:.6g}" for i in wrong)
+    return shown + _plan_cause(got, reference, wrong)
+
+
+def _plan_cause(got: list[float], reference: dict, wrong: list[int]) -> str:
+    params, nodes, g = reference["params"], reference["nodes"], reference["gpus_per_node"]
+    gpus = nodes * g
+    if 0 in wrong:
+        if reference["hybrid"] and math.isclose(got[0], 16 * params / gpus, rel_tol=1e-9):
+            return (": HSDP shards only within a node and keeps a replica on every node, "
+                    "so a GPU holds 16Ψ/g, not 16Ψ/G")
+        for per, what in ((12, "without the bf16 weight and gradient"),
+                          (8, "fp32 moments only"), (4, "the fp32 weight only")):
+            if any(math.isclose(got[0], per * params / k, rel_tol=1e-9) for k in (g, gpus)):
+                return (f": that is {per} bytes a parameter ({what}); mixed-precision Adam "
+                        "holds 16: bf16 weight and gradient, fp32 master weight, m and v")
+    if 2 in wrong and reference["hybrid"] and math.isclose(
+            got[2], 2 * (nodes - 1) / nodes * 2 * params, rel_tol=1e-9):
+        return (": each node all-reduces only its GPU's gradient shard across nodes, "
+                "2Ψ/g bytes, not the whole gradient")
+    return ""
+
+
+register(Problem(
+    id="fsdp/plan", title="FSDP or HSDP on many nodes: memory and traffic per GPU",
+    signature=("sharding_plan(params, nodes, gpus_per_node, hybrid) -> (bytes held, bytes "
+               "sent within a node, bytes sent across nodes), per GPU and step"),
+    make_inputs=_plan_inputs, reference=_plan_reference, cost=lambda case: Cost(0, 0),
+    kernel=None, timed=False, compare=compare_plan,
+    cpu_cases=PLAN_CASES, gpu_cases=PLAN_CASES,
+    solution="rooflab.kernels.fsdp:sharding_plan",
+    hints=("Held: 16 bytes a parameter, divided by the number of GPUs the state is sharded "
+           "over: all of them for FSDP, one node's for HSDP. Sent: a ring all-gather or "
+           "reduce-scatter over k GPUs sends (k − 1)/k of the bytes, an all-reduce twice "
+           "that.",
+           "FSDP: held 16Ψ/G, 3(G − 1)/G·2Ψ sent, across nodes when there are several. "
+           "HSDP: held 16Ψ/g, 3(g − 1)/g·2Ψ within the node, 2(n − 1)/n·2Ψ/g across."),
+    answer_in=("sharding_plan",),
+))

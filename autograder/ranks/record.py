@@ -64,6 +64,8 @@ class Call:
     step: int = 0  # for a send, how many sends the rank made before it; likewise a receive
     at: tuple[str, int, str] | None = None  # (file, line, function) in the learner's code
     via: str = ""  # "batch_isend_irecv" when it was one of a batch
+    started: float = 0.0  # time.monotonic() when it was called (one clock for all ranks)
+    ended: float | None = None  # when it returned (blocking) or its wait did; None: never
 
     @property
     def is_send(self) -> bool:
@@ -90,6 +92,7 @@ class Mark:
     label: str
     calls: int
     data: dict = field(default_factory=dict)
+    at: float = 0.0  # time.monotonic()
 
 
 @dataclass
@@ -142,7 +145,7 @@ def emit(event: dict) -> None:
 def mark(label: str, **data: object) -> None:
     """Note a point in the rank's run, between its calls, with what the grader saw there
     (numbers and words): a check can then tell which calls a step's forward made."""
-    emit({"e": "mark", "label": label, "calls": _seq, "data": data})
+    emit({"e": "mark", "label": label, "calls": _seq, "data": data, "t": time.monotonic()})
 
 
 def _learners_line() -> list | None:
@@ -171,7 +174,7 @@ def _begin(op: str, tensor: object, peer: int | None, blocking: bool, via: str =
     elements, size, dtype = _size(tensor)
     emit({"e": "call", "seq": seq, "op": op, "peer": peer, "elements": elements,
           "bytes": size, "dtype": dtype, "blocking": blocking, "at": _learners_line(),
-          "via": via})
+          "via": via, "t": time.monotonic()})
     return seq
 
 
@@ -185,7 +188,7 @@ class Request:
     def wait(self, *args, **kwargs):
         emit({"e": "wait", "seqs": self._seqs, "at": _learners_line()})
         done = self._work.wait(*args, **kwargs)
-        emit({"e": "waited", "seqs": self._seqs})
+        emit({"e": "waited", "seqs": self._seqs, "t": time.monotonic()})
         return done
 
     def __getattr__(self, name: str):
@@ -224,7 +227,8 @@ def _point_to_point(name: str, original):
         result = _inner(original, *args, **kwargs)
         if name in BLOCKING:
             # recv from any rank returns the sender: record who it was
-            emit({"e": "done", "seq": seq, "peer": result if name == "recv" else peer})
+            emit({"e": "done", "seq": seq, "peer": result if name == "recv" else peer,
+                  "t": time.monotonic()})
             return result
         return Request(result, [seq]) if result is not None else None
 
@@ -250,7 +254,7 @@ def _collective(name: str, original):
         result = _inner(original, *args, **kwargs)
         if asynchronous and result is not None:
             return Request(result, [seq])
-        emit({"e": "done", "seq": seq})
+        emit({"e": "done", "seq": seq, "t": time.monotonic()})
         return result
 
     return wrapper
@@ -352,7 +356,7 @@ def read(path: Path, rank: int) -> RankLog:
             call = Call(event["seq"], event["op"], event["peer"], event["elements"],
                         event["bytes"], event["dtype"], event["blocking"],
                         at=tuple(event["at"]) if event.get("at") else None,
-                        via=event.get("via", ""))
+                        via=event.get("via", ""), started=event.get("t", 0.0))
             if call.is_point_to_point:
                 call.step = steps[call.is_send]
                 steps[call.is_send] += 1
@@ -363,12 +367,17 @@ def read(path: Path, rank: int) -> RankLog:
             call = by_seq.get(event["seq"])
             if call is not None and call.peer is None and event.get("peer") is not None:
                 call.peer = event["peer"]
+            if call is not None:
+                call.ended = event.get("t")
             open_seq = None
         elif kind == "wait":
             waiting = list(event["seqs"])
             log.waiting_at = tuple(event["at"]) if event.get("at") else None
         elif kind == "waited":
             waiting = []
+            for seq in event["seqs"]:
+                if seq in by_seq:
+                    by_seq[seq].ended = event.get("t")
         elif kind == "returned":
             log.returned = True
         elif kind == "raised":
@@ -376,7 +385,8 @@ def read(path: Path, rank: int) -> RankLog:
         elif kind == "failed":
             log.failed = event["text"]
         elif kind == "mark":
-            log.marks.append(Mark(event["label"], event["calls"], event.get("data", {})))
+            log.marks.append(Mark(event["label"], event["calls"], event.get("data", {}),
+                                  event.get("t", 0.0)))
     log.blocked_in = by_seq.get(open_seq) if open_seq is not None else None
     log.waiting_for = [by_seq[seq] for seq in waiting if seq in by_seq]
     log.last = log.calls[-1] if log.calls else None
