@@ -422,8 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "gets <card>-<date>-<name>.json (<cpu>-... for the benches on ranks)")
     p.add_argument("--baseline", metavar="FILE", help="a record to gate against (or "
                    "'newest': this card's (CPU's) newest in bench/results/): exit 1 when a "
-                   "kernel's "
-                   "speed relative to the library fell by more than the tolerance")
+                   "kernel's speed relative to the library fell by more than the tolerance")
     p.add_argument("--tolerance", default="5%", help="how far below its record a row may "
                    "fall (default 5%%)")
 
