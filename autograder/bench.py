@@ -251,6 +251,7 @@ BENCHES: dict[str, Callable[[str], list[Workload]]] = {
 # bench_collectives' docstring: main(*, json_path, baseline, tolerance) -> exit status.
 RANK_BENCHES: dict[str, str] = {
     "allreduce": "rooflab.autograder.bench_collectives:main",
+    "fsdp": "rooflab.autograder.bench_fsdp:main",
 }
 
 

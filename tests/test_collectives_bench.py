@@ -111,8 +111,13 @@ def test_the_gate_fails_a_ring_that_fell_behind_its_record(monkeypatch, tmp_path
 
 
 def test_a_bench_on_ranks_is_registered_by_one_entry():
+    from rooflab.autograder import bench_fsdp
+    from rooflab.autograder.cli import build_parser
+
     assert bench.RANK_BENCHES["allreduce"] == "rooflab.autograder.bench_collectives:main"
     assert bench.rank_bench("allreduce") is bench_collectives.main
+    assert bench.rank_bench("fsdp") is bench_fsdp.main  # the second, one line
+    assert build_parser().parse_args(["bench", "fsdp", "--json", "x/"]).name == "fsdp"
     assert not set(bench.RANK_BENCHES) & set(bench.BENCHES)
 
 
