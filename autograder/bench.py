@@ -248,7 +248,7 @@ BENCHES: dict[str, Callable[[str], list[Workload]]] = {
 
 # Benchmarks on ranks of a gloo group on this machine's CPU, which time no GPU kernel:
 # name -> "module:function", imported only when run. Each function has the signature in
-# bench_collectives' docstring: main(*, json_path, baseline, tolerance) -> exit status.
+# bench_ranks' docstring: main(*, json_path, baseline, tolerance) -> exit status.
 RANK_BENCHES: dict[str, str] = {
     "allreduce": "rooflab.autograder.bench_collectives:main",
     "fsdp": "rooflab.autograder.bench_fsdp:main",

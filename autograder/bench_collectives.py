@@ -17,18 +17,7 @@ depend on it (as for the GPU benches, a speed target is evidence, not a test). g
 all-reduce is no ring of point-to-point calls: it is one call into C++ that pipelines its
 reductions with its transfers, which a ring of ``isend``/``irecv`` in Python cannot do.
 
-Benchmarks on ranks are registered in ``bench.RANK_BENCHES`` by name, as
-``"module:function"``; ``rooflab bench NAME`` calls the function with the command's
-options and exits with what it returns. Every such function has this signature::
-
-    def main(*, json_path: str | None, baseline: str | None, tolerance: float) -> int
-
-* ``json_path``: also write the record as JSON, to this file, or into this folder (a path
-  ending in "/" or an existing folder) as ``<cpu>-<date>-<name>.json``; None: do not;
-* ``baseline``: a record to gate against, or "newest" (this CPU's newest record of the
-  bench in ``bench/results/``); None: no gate;
-* ``tolerance``: how far below its record a row's ratio to the library may fall (0.05);
-* returns the exit status: 0, or 1 when the gate finds a regression.
+The ranks are started, and the report gated and written, by ``bench_ranks``.
 
 Use ``python -m rooflab.autograder.cli bench allreduce``, or ``run`` and ``record`` from
 Python (tests call them on tiny sizes).
@@ -36,25 +25,16 @@ Python (tests call them on tiny sizes).
 
 from __future__ import annotations
 
-import datetime
-import json
-import multiprocessing
 import os
-import queue
-import re
-import shutil
 import statistics
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import versions
+from . import bench_ranks, versions
 from .device import _cpu_name
 
 NAME = "allreduce"
@@ -68,10 +48,7 @@ LIBRARY, RING = "dist.all_reduce (gloo)", "rooflab ring_allreduce"
 # Two fp32 sums of N normal values in different orders differ by a few roundings of the
 # largest partial sum: far below this, and a ring that drops or doubles a chunk far above.
 ATOL = 1e-4
-# gloo's own limit on a collective (a ring that deadlocks raises on its ranks), and this
-# side's limit on the whole run, beyond which the ranks are killed.
-GLOO_TIMEOUT = datetime.timedelta(seconds=120)
-RUN_LIMIT_S = 1200.0
+RUN_LIMIT_S = 1200.0  # for the whole run, beyond which the ranks are killed
 
 
 @dataclass
@@ -120,47 +97,37 @@ def _library(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _rank(rank: int, world: int, store: str, sizes: list[int], reps: int, warmup: int,
-          seed: int, ring: Callable | None, results: multiprocessing.Queue) -> None:
-    """One rank's whole run: join, then at each size time both collectives on the same
-    fresh input, run after run, and check the ring's answer. Puts (rank, times or
-    None, diffs or a traceback) on ``results``."""
-    try:
-        # N ranks share the machine's cores, as in the grader: one thread each, for gloo's
-        # reductions and the ring's additions alike.
-        torch.set_num_threads(1)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
-        if ring is None:
-            from rooflab.kernels.collectives import ring_allreduce as ring
-        dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
-                                world_size=world, timeout=GLOO_TIMEOUT)
-        generator = torch.Generator().manual_seed(seed * 1000 + rank)
-        times: dict[int, dict[str, list[float]]] = {}
-        differences = []
-        for size in sizes:
-            times[size] = {LIBRARY: [], RING: []}
-            for run in range(warmup + reps):
-                x = torch.randn(size // 4, generator=generator)  # fresh for every run
-                order = [(LIBRARY, _library), (RING, ring)]
-                answers = {}
-                for name, collective in order[::-1] if run % 2 else order:
-                    data = x.clone()
-                    dist.barrier()  # every rank starts together
-                    start = time.perf_counter()
-                    answers[name] = collective(data)
-                    elapsed = time.perf_counter() - start
-                    if run >= warmup:
-                        times[size][name].append(elapsed)
-                difference = float((answers[RING] - answers[LIBRARY]).abs().max())
-                if not difference <= ATOL:  # NaN too
-                    raise AssertionError(
-                        f"rank {rank}: ring_allreduce differs from dist.all_reduce at "
-                        f"{_label(size)} by up to {difference:.3g} (allowed {ATOL:g})")
-                differences.append(difference)
-        dist.destroy_process_group()
-        results.put((rank, times, differences))
-    except BaseException:  # noqa: BLE001 (the parent reports it)
-        results.put((rank, None, traceback.format_exc()))
+def _work(rank: int, world: int, sizes: list[int], reps: int, warmup: int, seed: int,
+          ring: Callable | None) -> tuple[dict, list[float]]:
+    """One rank's whole run (``bench_ranks.run`` has joined the group): at each size time
+    both collectives on the same fresh input, run after run, and check the ring's
+    answer. The times, and the ring's largest difference from the library's, each run."""
+    if ring is None:
+        from rooflab.kernels.collectives import ring_allreduce as ring
+    generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    times: dict[int, dict[str, list[float]]] = {}
+    differences = []
+    for size in sizes:
+        times[size] = {LIBRARY: [], RING: []}
+        for run in range(warmup + reps):
+            x = torch.randn(size // 4, generator=generator)  # fresh for every run
+            order = [(LIBRARY, _library), (RING, ring)]
+            answers = {}
+            for name, collective in order[::-1] if run % 2 else order:
+                data = x.clone()
+                dist.barrier()  # every rank starts together
+                start = time.perf_counter()
+                answers[name] = collective(data)
+                elapsed = time.perf_counter() - start
+                if run >= warmup:
+                    times[size][name].append(elapsed)
+            difference = float((answers[RING] - answers[LIBRARY]).abs().max())
+            if not difference <= ATOL:  # NaN too
+                raise AssertionError(
+                    f"rank {rank}: ring_allreduce differs from dist.all_reduce at "
+                    f"{_label(size)} by up to {difference:.3g} (allowed {ATOL:g})")
+            differences.append(difference)
+    return times, differences
 
 
 # --- on this side ------------------------------------------------------------------------
@@ -173,52 +140,10 @@ def run(world: int = WORLD, sizes: Sequence[int] = SIZES, reps: int = REPS,
     the course's ``ring_allreduce``; a module-level function). Raises RuntimeError if a
     rank fails (a wrong ring answer among the causes) or the run takes over ``limit``
     seconds."""
-    # fork starts a rank in milliseconds, where spawn imports torch again in each; fork
-    # only where this process has not started CUDA, which a fork does not survive.
-    method = "spawn" if torch.cuda.is_initialized() else "fork"
-    context = multiprocessing.get_context(method)
-    folder = Path(tempfile.mkdtemp(prefix="rooflab-bench-"))
-    results = context.Queue()
-    processes = [context.Process(target=_rank, daemon=True, args=(
-        rank, world, str(folder / "store"), list(sizes), reps, warmup, seed, ring, results))
-        for rank in range(world)]
     started = time.monotonic()
-    try:
-        for process in processes:
-            process.start()
-        gathered = _gather(results, processes, started + limit)
-    finally:
-        for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        shutil.rmtree(folder, ignore_errors=True)
+    gathered = bench_ranks.run(_work, world, (list(sizes), reps, warmup, seed, ring), limit,
+                               "ring_allreduce")
     return _report(gathered, world, list(sizes), reps, warmup, time.monotonic() - started)
-
-
-def _gather(results: multiprocessing.Queue, processes: list, deadline: float) -> dict:
-    """Each rank's (times, differences), or RuntimeError naming the rank that failed, died
-    without a word, or is still running at the deadline."""
-    gathered: dict[int, tuple] = {}
-    while len(gathered) < len(processes):
-        try:
-            rank, times, extra = results.get(timeout=1.0)
-        except queue.Empty:
-            silent = [r for r, p in enumerate(processes)
-                      if r not in gathered and p.exitcode not in (None, 0)]
-            if silent:
-                raise RuntimeError(f"rank {silent[0]} died (exit code "
-                                   f"{processes[silent[0]].exitcode})") from None
-            if time.monotonic() > deadline:
-                missing = sorted(set(range(len(processes))) - set(gathered))
-                raise RuntimeError(f"the ranks took too long: ranks {missing} never "
-                                   "finished (a deadlock in ring_allreduce?)") from None
-            continue
-        if times is None:
-            raise RuntimeError(f"rank {rank} failed:\n{extra}")
-        gathered[rank] = (times, extra)
-    return gathered
 
 
 def _report(gathered: dict, world: int, sizes: list[int], reps: int, warmup: int,
@@ -290,43 +215,6 @@ def record(report: Report) -> dict:
     }
 
 
-def write(path: str, data: dict, name: str = NAME) -> Path:
-    """JSON to ``path``; a folder gets ``<cpu>-<date>-<name>.json``."""
-    target = Path(path)
-    if target.is_dir() or path.endswith("/"):
-        target = target / f"{_slug(_cpu_name())}-{datetime.date.today().isoformat()}-{name}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(data, indent=2) + "\n")
-    return target
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
-
-
-def gate(report: Report, baseline: str, tolerance: float,
-         again: Callable[[Row], Row | None]) -> int:
-    """Compare the ring's ratios to the library with a record's (``gate.py``): 1 on a
-    regression that a second look confirms, else 0."""
-    from . import gate as gates
-
-    path = Path(baseline)
-    if baseline == "newest":
-        found = gates.newest_record(Path("bench/results"), _cpu_name(), NAME)
-        if found is None:
-            print(f"no record of `{NAME}` for {_cpu_name()} in bench/results/ yet: nothing "
-                  "to gate against")
-            return 0
-        path = found
-    if not path.is_file():
-        print(f"rooflab bench {NAME}: no such record: {path}")
-        return 2
-    moved = gates.judge(report.rows, gates.read(path), tolerance, again)
-    print(f"\n{path}:")
-    print(gates.table(moved, tolerance))
-    return 1 if any(m.verdict == "regressed" for m in moved) else 0
-
-
 def _again(report: Report) -> Callable[[Row], Row | None]:
     def again(row: Row) -> Row | None:
         fresh = run(report.world, [row.bytes], report.reps, report.warmup, seed=1)
@@ -339,8 +227,6 @@ def main(*, json_path: str | None = None, baseline: str | None = None,
          tolerance: float = 0.05) -> int:
     """``rooflab bench allreduce``: run, print the table, gate, write the record."""
     report = run()
-    print(table(report))
-    status = gate(report, baseline, tolerance, _again(report)) if baseline else 0
-    if json_path:  # after the gate: the newest record is the one before this run
-        print(f"wrote {write(json_path, record(report))}")
-    return status
+    return bench_ranks.finish(NAME, report.rows, table(report), _again(report),
+                              lambda: record(report), json_path=json_path,
+                              baseline=baseline, tolerance=tolerance)

@@ -34,7 +34,7 @@ The lab's goals: the course's step at most ``GOAL``× FSDP2's, and its memory at
 ``GOAL``× FSDP2's a rank (the state held after a step plus the peak of whole parameters).
 The report says whether each holds, with the figures; as for every benchmark, the exit
 status does not depend on them. The entry point has the signature of every benchmark on
-ranks (see ``bench_collectives``):
+ranks (``bench_ranks`` starts the ranks and gates and writes the record):
 
     def main(*, json_path: str | None, baseline: str | None, tolerance: float) -> int
 
@@ -44,25 +44,19 @@ ranks (see ``bench_collectives``):
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
-import shutil
 import statistics
-import tempfile
 import time
-import traceback
 import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import bench_collectives as collectives
-from . import versions
+from . import bench_ranks, versions
 from .device import _cpu_name
 
 NAME = "fsdp"
@@ -74,7 +68,6 @@ GOAL = 1.1  # course / FSDP2, for the step time and for the memory
 # order differ by roundings, which AdamW's few steps keep around 1e-7; a wrong shard is off
 # from the first step.
 RELATIVE = 1e-5
-GLOO_TIMEOUT = datetime.timedelta(seconds=300)
 RUN_LIMIT_S = 1800.0
 FSDP2 = "FSDP2 fully_shard"
 COURSE = "rooflab shard_layers"
@@ -230,60 +223,50 @@ def _trainers(setup: Setup, world: int, shard: Callable) -> dict[str, tuple]:
             for name, (model, params) in trainers.items()}
 
 
-def _rank(rank: int, world: int, store: str, setup: Setup, steps: int, warmup: int,
-          seed: int, shard: Callable | None, results: multiprocessing.Queue) -> None:
-    """One rank's whole run: join, build the three, train them in turn step by step.
-    Puts (rank, {times, losses, memory, peak} or None, None or a traceback) on
-    ``results``."""
-    try:
-        torch.set_num_threads(1)  # N ranks share the machine's cores
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
-        # Once a rank each, they would bury the table: the course's all-gather and
-        # reduce-scatter by their older names, and its backward pre-hooks on blocks whose
-        # input needs no gradient (the first block's).
-        warnings.filterwarnings("ignore", message=".*is deprecated. Please use")
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        if shard is None:
-            from rooflab.kernels.fsdp import shard_layers as shard
-        from rooflab.kernels.fsdp import loss_fn, memory_held
+def _work(rank: int, world: int, setup: Setup, steps: int, warmup: int, seed: int,
+          shard: Callable | None) -> dict:
+    """One rank's whole run (``bench_ranks.run`` has joined the group): build the three,
+    train them in turn step by step. Its times, losses, memory and peak."""
+    # Once a rank each, they would bury the table: the course's all-gather and
+    # reduce-scatter by their older names, and its backward pre-hooks on blocks whose
+    # input needs no gradient (the first block's).
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    if shard is None:
+        from rooflab.kernels.fsdp import shard_layers as shard
+    from rooflab.kernels.fsdp import loss_fn, memory_held
 
-        dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
-                                world_size=world, timeout=GLOO_TIMEOUT)
-        trainers = _trainers(setup, world, shard)
-        names = list(trainers)
-        generator = torch.Generator().manual_seed(seed)
-        times = {name: [] for name in names}
-        losses = {name: [] for name in names}
-        memory, peak = {}, {}
-        mine = slice(rank * setup.batch, (rank + 1) * setup.batch)
-        for step in range(warmup + steps):
-            size = (world * setup.batch, setup.length, setup.dim)
-            x, y = (torch.randn(size, generator=generator)[mine] for _ in range(2))
-            for name in names[step % 3:] + names[:step % 3]:
-                model, params, optimizer = trainers[name]
-                probe = PeakProbe(model.blocks) if step == warmup - 1 else None
-                if probe:
-                    probe.__enter__()
-                dist.barrier()  # every rank starts together
-                start = time.perf_counter()
-                loss = loss_fn(model, x, y)
-                loss.backward()
-                optimizer.step()
-                elapsed = time.perf_counter() - start
-                if probe:
-                    probe.__exit__()
-                    peak[name] = probe.peak
-                if step >= warmup:
-                    times[name].append(elapsed)
-                losses[name].append(loss.item())
-                if step == warmup + steps - 1:
-                    memory[name] = memory_held(params, optimizer)
-                optimizer.zero_grad()  # set_to_none by default: the gradients are freed
-        dist.destroy_process_group()
-        results.put((rank, {"times": times, "losses": losses, "memory": memory,
-                            "peak": peak}, None))
-    except BaseException:  # noqa: BLE001 (the parent reports it)
-        results.put((rank, None, traceback.format_exc()))
+    trainers = _trainers(setup, world, shard)
+    names = list(trainers)
+    generator = torch.Generator().manual_seed(seed)
+    times = {name: [] for name in names}
+    losses = {name: [] for name in names}
+    memory, peak = {}, {}
+    mine = slice(rank * setup.batch, (rank + 1) * setup.batch)
+    for step in range(warmup + steps):
+        size = (world * setup.batch, setup.length, setup.dim)
+        x, y = (torch.randn(size, generator=generator)[mine] for _ in range(2))
+        for name in names[step % 3:] + names[:step % 3]:
+            model, params, optimizer = trainers[name]
+            probe = PeakProbe(model.blocks) if step == warmup - 1 else None
+            if probe:
+                probe.__enter__()
+            dist.barrier()  # every rank starts together
+            start = time.perf_counter()
+            loss = loss_fn(model, x, y)
+            loss.backward()
+            optimizer.step()
+            elapsed = time.perf_counter() - start
+            if probe:
+                probe.__exit__()
+                peak[name] = probe.peak
+            if step >= warmup:
+                times[name].append(elapsed)
+            losses[name].append(loss.item())
+            if step == warmup + steps - 1:
+                memory[name] = memory_held(params, optimizer)
+            optimizer.zero_grad()  # set_to_none by default: the gradients are freed
+    return {"times": times, "losses": losses, "memory": memory, "peak": peak}
 
 
 # --- on this side ------------------------------------------------------------------------
@@ -298,27 +281,10 @@ def run(world: int = WORLD, setup: Setup = Setup(), steps: int = STEPS,  # noqa:
     seconds, or a course run's loss differs from FSDP2's by more than ``RELATIVE``."""
     if warmup < 1:
         raise ValueError("the peak is sampled on a warm-up step: warmup must be 1 or more")
-    # fork, as bench_collectives does: milliseconds a rank where spawn imports torch again.
-    context = multiprocessing.get_context("spawn" if torch.cuda.is_initialized() else "fork")
-    folder = Path(tempfile.mkdtemp(prefix="rooflab-bench-"))
-    results = context.Queue()
-    processes = [context.Process(target=_rank, daemon=True, args=(
-        rank, world, str(folder / "store"), setup, steps, warmup, seed, shard, results))
-        for rank in range(world)]
     started = time.monotonic()
-    try:
-        for process in processes:
-            process.start()
-        gathered = collectives._gather(results, processes, started + limit)
-    finally:
-        for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        shutil.rmtree(folder, ignore_errors=True)
-    return _report({rank: found for rank, (found, _) in gathered.items()}, world, setup,
-                   steps, warmup, time.monotonic() - started)
+    gathered = bench_ranks.run(_work, world, (setup, steps, warmup, seed, shard), limit,
+                               "the sharding")
+    return _report(gathered, world, setup, steps, warmup, time.monotonic() - started)
 
 
 def _report(gathered: dict[int, dict], world: int, setup: Setup, steps: int, warmup: int,
@@ -416,21 +382,6 @@ def record(report: Report) -> dict:
     }
 
 
-def gate(report: Report, baseline: str, tolerance: float,
-         again: Callable[[Row], Row | None]) -> int:
-    """``bench_collectives.gate`` on this bench's record: 1 on a confirmed regression."""
-    from . import gate as gates
-
-    if baseline == "newest":
-        found = gates.newest_record(Path("bench/results"), _cpu_name(), NAME)
-        if found is None:
-            print(f"no record of `{NAME}` for {_cpu_name()} in bench/results/ yet: nothing "
-                  "to gate against")
-            return 0
-        baseline = str(found)
-    return collectives.gate(report, baseline, tolerance, again)
-
-
 def _again(report: Report) -> Callable[[Row], Row | None]:
     def again(row: Row) -> Row | None:
         fresh = run(report.world, report.setup, report.steps, report.warmup, seed=1)
@@ -443,8 +394,6 @@ def main(*, json_path: str | None = None, baseline: str | None = None,
          tolerance: float = 0.05) -> int:
     """``rooflab bench fsdp``: run, print the table, gate, write the record."""
     report = run()
-    print(table(report))
-    status = gate(report, baseline, tolerance, _again(report)) if baseline else 0
-    if json_path:  # after the gate: the newest record is the one before this run
-        print(f"wrote {collectives.write(json_path, record(report), NAME)}")
-    return status
+    return bench_ranks.finish(NAME, report.rows, table(report), _again(report),
+                              lambda: record(report), json_path=json_path,
+                              baseline=baseline, tolerance=tolerance)
