@@ -4,6 +4,7 @@ one case that shows its bug (three ranks, shards that need padding)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -28,12 +29,21 @@ def _mutant(tmp_path, *edits):
     return mutant(tmp_path, "fsdp", *edits)
 
 
-def test_the_course_solution_passes_far_inside_the_bar():
+def _twenty_seeds(problem: str):
+    """The case with padding, twenty times: each gets its own seed (check draws case i's
+    inputs and weights from seed + i), all in one launch of the ranks."""
+    spec = _one_case(problem)
+    cases = list(spec.cpu_cases) * 20
+    return dataclasses.replace(spec, cpu_cases=cases, gpu_cases=cases)
+
+
+def test_the_course_solution_passes_far_inside_the_bar_for_20_seeds():
     # Both problems, every case, run in test_solutions.py; here, that one process and the
     # ranks agree far inside the bar on the case with padding: the bar is not loose.
-    result = grade(_one_case("fsdp/prefetch"), fsdp.shard_layers)
+    result = grade(_twenty_seeds("fsdp/prefetch"), fsdp.shard_layers)
     assert result.passed, result.causes
-    assert result.cases[0].comparison.rel_error < problems.RELATIVE / 5
+    assert len(result.cases) == 20
+    assert max(case.comparison.rel_error for case in result.cases) < problems.RELATIVE / 5
 
 
 class _SwappedShard:
@@ -95,8 +105,10 @@ def swapped_shard_layers(model):
     return [unit.shard for unit in units]
 
 
-def test_zero3_written_another_way_passes():
+def test_zero3_written_another_way_passes_on_every_case_and_for_20_seeds():
     result = grade("fsdp/zero3", swapped_shard_layers)
+    assert result.passed, result.causes
+    result = grade(_twenty_seeds("fsdp/zero3"), swapped_shard_layers)
     assert result.passed, result.causes
 
 
@@ -150,7 +162,7 @@ def test_a_shard_count_that_is_not_one_a_block_is_named():
 def test_the_reference_is_one_process_and_the_bytes_follow_the_formula():
     case = get_problem("fsdp/zero3").cpu_cases[1]
     n, dim, layers = case.sizes["ranks"], case.sizes["dim"], case.sizes["layers"]
-    sizes = problems.block_sizes(problems.make_model(dim, 4, layers))
+    sizes = problems.block_sizes(problems.make_model(dim, 4, layers, seed=3))
     assert sizes == [12 * dim * dim + 13 * dim] * layers
     assert any(size % n for size in sizes), "this case is meant to need padding"
     padded = sum(n * math.ceil(size / n) for size in sizes)
@@ -158,7 +170,7 @@ def test_the_reference_is_one_process_and_the_bytes_follow_the_formula():
     # The reference trains one model: its first loss is that model's on the whole batch.
     inputs = problems._inputs(False)(case, torch.Generator().manual_seed(0), None)
     want = problems.reference(inputs[0][0], [i[1] for i in inputs], [i[2] for i in inputs])
-    model = problems.make_model(dim, 4, layers)
+    model = problems.make_model(dim, 4, layers, seed=inputs[0][0][3])
     whole_x = torch.cat([i[1][0] for i in inputs])
     whole_y = torch.cat([i[2][0] for i in inputs])
     assert float(want[0, 0]) == pytest.approx(fsdp.loss_fn(model, whole_x, whole_y).item(),

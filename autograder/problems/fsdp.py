@@ -58,27 +58,27 @@ CASES = [
 ]
 
 
-def _setup(case: Case, prefetch: bool) -> tuple:
-    sizes = case.sizes
-    return (sizes["dim"], sizes["heads"], sizes["layers"], prefetch)
-
-
-def make_model(dim: int, heads: int, layers: int) -> torch.nn.Module:
-    """The model every rank and the reference start from: the same weights everywhere."""
+def make_model(dim: int, heads: int, layers: int, seed: int = 0) -> torch.nn.Module:
+    """The model every rank and the reference start from: the same weights everywhere,
+    drawn from ``seed``."""
     from rooflab.kernels.fsdp import TinyTransformer
 
-    torch.manual_seed(dim * 1000 + layers)
-    return TinyTransformer(dim, heads, layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TinyTransformer(dim, heads, layers)
 
 
 def _inputs(prefetch: bool):
     def make_inputs(case: Case, generator: torch.Generator,
                     device: torch.device) -> list[tuple]:
         n, dim = world_size(case), case.sizes["dim"]
+        # (dim, heads, layers, the weights' seed, prefetch): what the harness builds.
+        setup = (dim, case.sizes["heads"], case.sizes["layers"],
+                 int(torch.randint(0, 2**31, (1,), generator=generator)), prefetch)
         x = torch.randn(STEPS, n * BATCH, LENGTH, dim, generator=generator)
         y = torch.randn(STEPS, n * BATCH, LENGTH, dim, generator=generator)
         # Rank r trains on sequences [r·BATCH, (r + 1)·BATCH) of every step's batch.
-        return [(_setup(case, prefetch), x[:, r * BATCH:(r + 1) * BATCH].clone(),
+        return [(setup, x[:, r * BATCH:(r + 1) * BATCH].clone(),
                  y[:, r * BATCH:(r + 1) * BATCH].clone()) for r in range(n)]
     return make_inputs
 
@@ -115,8 +115,8 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     sees along the way goes into the rank's log as marks."""
     from rooflab.kernels.fsdp import loss_fn
 
-    dim, heads, layers, prefetch = setup
-    model = make_model(dim, heads, layers)
+    dim, heads, layers, seed, prefetch = setup
+    model = make_model(dim, heads, layers, seed)
     sizes = block_sizes(model)
     shards = candidate(model, prefetch=True) if prefetch else candidate(model)
     wrong = _shards_wrong(shards, sizes, dist.get_world_size())
@@ -158,8 +158,8 @@ def reference(setup: tuple, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> t
     divided by N, the losses likewise."""
     from rooflab.kernels.fsdp import loss_fn
 
-    dim, heads, layers, _ = setup
-    model = make_model(dim, heads, layers)
+    dim, heads, layers, seed, _ = setup
+    model = make_model(dim, heads, layers, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     n, seen = len(xs), []
     for step in range(len(xs[0])):
@@ -312,7 +312,7 @@ def _grade(prefetch: bool):
         seen = Comparison(not wrong, rel_error=error[0], cause=wrong)
         if wrong:
             return CaseResult(case, seen)
-        sizes = block_sizes(make_model(*setup[:3]))
+        sizes = block_sizes(make_model(*setup[:4]))
         for log in logs:
             cause = calls_cause(case, log, sizes, prefetch)
             if cause:
