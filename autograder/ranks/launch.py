@@ -95,15 +95,16 @@ def run(function: Callable, cases: Sequence[tuple[int, list[tuple]]], limit: flo
 
 
 def on_ranks(function: Callable, world: int | Sequence[int], *args: object,
-             limit: float = 60.0, preload: Sequence[str] = ("torch._dynamo",)
+             limit: float = 60.0, preload: Sequence[str] = ()
              ) -> list[RankRun] | list[list[RankRun]]:
     """``function(*args)`` on every rank of a gloo group of ``world`` processes, for a
     notebook or a script: the ranks' runs, each with ``.output`` (its answer, a tensor)
     and ``.log`` (its torch.distributed calls). With several world sizes, one list of
     runs for each. Raises if a rank does not return within ``limit`` seconds, with what
     each rank was doing. ``args`` are tensors or plain numbers (torch.save'd to the
-    ranks); torch._dynamo is imported once before the ranks start, as torch.optim's first
-    optimizer would on every rank."""
+    ranks). ``preload``: modules to import once before the ranks start, which each rank
+    would import for itself (``("torch._dynamo",)`` where the function builds an
+    optimizer: torch.optim's first one imports it, seconds a rank)."""
     from . import report
 
     worlds = [world] if isinstance(world, int) else list(world)
