@@ -253,6 +253,22 @@ def test_the_stub_is_not_implemented():
     assert result.verdict == "NOT IMPLEMENTED", result.message()
 
 
+def not_implemented_on_rank_0(x: torch.Tensor) -> torch.Tensor:
+    if dist.get_rank() == 0:
+        raise NotImplementedError()
+    return ring_allreduce(x)
+
+
+def test_the_launcher_runs_no_case_after_one_where_every_rank_is_a_stub():
+    # Each case left would fork and join its ranks only for the grader to ignore them.
+    cases = [(world, [(torch.ones(7),)] * world) for world in (2, 3, 4)]
+    launched = launch.run(stub, cases, limit=30)
+    assert [case.ended for case in launched.cases] == ["a rank failed", "not run", "not run"]
+    # A stub on one rank only is a failure like any other: every case still runs.
+    launched = launch.run(not_implemented_on_rank_0, cases[:2], limit=30)
+    assert [case.ended for case in launched.cases] == ["a rank failed", "a rank failed"]
+
+
 def test_a_function_that_cannot_go_to_the_ranks_says_why():
     lock = threading.Lock()
 

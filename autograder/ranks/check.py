@@ -48,7 +48,7 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
     files = transport.code_files(candidate)
     for index, (case, run) in enumerate(zip(cases, launched.cases, strict=True)):
         if run.ended == "not run":  # the launcher stopped early: a failure, never a pass
-            why = launched.error or "the rank processes stopped before it"
+            why = launched.error or _why_not_run(launched.cases[:index])
             result.cases.append(CaseResult(case, error=f"not run: {why}"))
             break
         if run.ended == "time limit":
@@ -75,6 +75,17 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
             result.outputs[index] = tuple(outputs)
     result.causes = _causes(result)
     return result
+
+
+def _why_not_run(before: list[launch.CaseRun]) -> str:
+    """Why the launcher ran no more cases, where it finished. A NotImplementedError raised
+    on every rank stops it (``launcher.py``), though raised from a line other than the
+    stub's it is reported as the case's failure, not as "not implemented"."""
+    if before and before[-1].ranks and all(
+            rank.log.raised is not None and rank.log.raised["type"] == "NotImplementedError"
+            for rank in before[-1].ranks):
+        return "every rank raised NotImplementedError on the case before"
+    return "the rank processes stopped before it"
 
 
 def _causes(result: CheckResult) -> list[str]:

@@ -12,7 +12,9 @@ rank has joined the process group. A rank that raises gives the others ``grace``
 to finish (they may well be waiting for it; the one that raised waits too, its
 connections open, so that theirs do not fail for want of it). Whatever is still running
 then is killed, and every rank is reaped, so no process outlives its case. After a time
-limit it stops: the next cases would most likely hang too. It writes what it saw to
+limit it stops: the next cases would most likely hang too; and after a case in which every
+rank raised the stub's NotImplementedError, which the grader reports as not implemented
+without looking further. It writes what it saw to
 ``JOB/case{k}/ranks.json`` and ``JOB/launcher.json``.
 
 Should the grader itself die, the launcher and the ranks die with it (Linux's parent-death
@@ -99,8 +101,22 @@ def main(job_folder: str) -> int:
         _write(folder / "ranks.json", outcome)
         if outcome["ended"] == "time limit":
             break
+        if _all_stubs(folder, case["world"]):
+            # An unsolved exercise: the grader reports it as not implemented after this
+            # case, and each case left would cost a fork of every rank and a group join.
+            break
     _write(job_dir / "launcher.json", {"done": True})
     return 0
+
+
+def _all_stubs(folder: Path, world: int) -> bool:
+    """Every rank of the case raised the stub's NotImplementedError (``rank.py``)."""
+    from .rank import STUB
+
+    try:
+        return all((folder / f"failed{r}").read_text() == STUB for r in range(world))
+    except OSError:  # a rank that did not raise
+        return False
 
 
 def _run_case(folder: Path, world: int, candidate, job: dict, run_rank) -> dict:

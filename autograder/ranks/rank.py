@@ -8,7 +8,8 @@ case's folder:
 * ``rank{r}.pt``: its answer (a tensor, or the words ``returned <type>``);
 * ``rank{r}.out`` and ``rank{r}.err``: what it printed;
 * ``ready{r}``: it joined the process group; the case's time limit starts when all have;
-* ``failed{r}``: the candidate raised (the rank then waits to be ended).
+* ``failed{r}``: the candidate raised (the rank then waits to be ended); it holds
+  ``stub`` where that was a bare ``NotImplementedError``, the unsolved exercise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from . import record
 # "Timed out waiting 30000ms" raised on some rank.
 GLOO_TIMEOUT = datetime.timedelta(hours=1)
 SUCCESS, CANDIDATE_RAISED, GRADER_FAILED = 0, 1, 2
+STUB = "stub"
 
 
 def run(folder: Path, rank: int, world: int, candidate: Callable, stop_with_parent) -> None:
@@ -78,7 +80,9 @@ def _run(folder: Path, rank: int, world: int, candidate: Callable) -> int:
         output = candidate(*inputs)
     except BaseException as error:  # noqa: BLE001 (SystemExit too: the learner's bug)
         record.candidate_raised(error)
-        (folder / f"failed{rank}").touch()
+        # "stub" for the learner's `raise NotImplementedError()`: the launcher runs no
+        # later case once every rank of one has said so (nothing is written yet).
+        (folder / f"failed{rank}").write_text(STUB if is_stub(error) else "")
         # Stay, connections open, until the launcher ends the case: the other ranks then
         # show what they were waiting for from this one, instead of all failing with
         # "Connection closed by peer", which would hide the first error among theirs.
@@ -91,6 +95,12 @@ def _run(folder: Path, rank: int, world: int, candidate: Callable) -> int:
     store.set(f"returned/{rank}", "1")
     store.wait([f"returned/{peer}" for peer in range(world)], GLOO_TIMEOUT)
     return SUCCESS
+
+
+def is_stub(error: BaseException) -> bool:
+    """A bare NotImplementedError, as the exercise's stub raises: the grader's
+    ``report.is_stub`` also checks the line, this is what a rank can tell alone."""
+    return type(error) is NotImplementedError and not error.args
 
 
 def _save(path: Path, output: object) -> None:
