@@ -179,7 +179,8 @@ class ShardedLayer:
 
     def gather(self, async_op: bool = False) -> None:
         """Rebuild the whole vector from every rank's shard (a no-op if it is whole or on
-        its way); with ``async_op``, return at once and let ``wait`` finish."""
+        its way); with ``async_op``, return at once, the all-gather's handle kept in
+        ``self.gathering`` for ``wait`` to finish."""
         if self.gathered:
             return
         ### BEGIN SOLUTION
@@ -212,7 +213,7 @@ class ShardedLayer:
         flat = F.pad(flat, (0, self.shard_numel * self.world - self.numel))
         mine = torch.empty_like(self.shard)
         dist.reduce_scatter_tensor(mine, flat)
-        mine /= self.world
+        mine /= self.world  # the mean: gloo has no ReduceOp.AVG (NCCL has)
         if self.shard.grad is None:
             self.shard.grad = mine
         else:  # gradient accumulation over several backward passes
@@ -316,23 +317,27 @@ ADAM_MIXED_BYTES = 16  # a parameter: bf16 weight and gradient (2 + 2), fp32 mas
 def sharding_plan(params: float, nodes: int, gpus_per_node: int,
                   hybrid: bool) -> tuple[float, float, float]:
     """Per GPU and per step, for mixed-precision Adam on ``nodes`` × ``gpus_per_node``
-    GPUs: (bytes of training state held, bytes sent in collectives within a node, bytes
-    sent in collectives whose group spans nodes).
+    GPUs: (bytes of training state held, bytes sent over NVLink within the node, bytes
+    sent over the network through the GPU's own network card).
 
-    FSDP (``hybrid=False``) shards over all G GPUs: 16Ψ/G held; two all-gathers of the
-    bf16 weights and a reduce-scatter of the bf16 gradients, each (G − 1)/G·2Ψ sent, in a
-    group that spans nodes as soon as there are two. HSDP shards within a node (g GPUs)
-    and replicates across nodes: 16Ψ/g held; the same three collectives inside the node,
-    then an all-reduce of each gradient shard (2Ψ/g bytes) among the n replicas,
-    2(n − 1)/n·2Ψ/g, the only bytes that leave the node. A ring's counts throughout.
+    A collective over several nodes runs in two levels, as NCCL runs it: among the GPUs
+    of the same local rank across the n nodes (each with 1/g of the data), then within
+    each node. An all-gather of S bytes over n·g GPUs so sends (n − 1)/n·S/g a GPU over the
+    network and (g − 1)/g·S over NVLink; a reduce-scatter the same; an all-reduce twice.
+
+    FSDP (``hybrid=False``) shards over all n·g GPUs: 16Ψ/(n·g) held; every step two
+    all-gathers of the bf16 weights and a reduce-scatter of the bf16 gradients, 2Ψ bytes
+    each, over all GPUs. HSDP shards within a node and replicates across nodes: 16Ψ/g
+    held; the same three collectives within the node, then an all-reduce of each GPU's
+    gradient shard (2Ψ/g bytes) among the n replicas, the only bytes that leave the node.
     """
     ### BEGIN SOLUTION
-    gpus = nodes * gpus_per_node
-    group = gpus_per_node if hybrid else gpus
-    held = ADAM_MIXED_BYTES * params / group
-    sharded = 3 * (group - 1) / group * 2 * params  # AG + AG + RS of bf16
-    replicated = 2 * (nodes - 1) / nodes * 2 * params / group if hybrid else 0.0
-    if hybrid or nodes == 1:
-        return held, sharded, replicated
-    return held, 0.0, sharded
+    g, n = gpus_per_node, nodes
+    held = ADAM_MIXED_BYTES * params / (g if hybrid else n * g)
+    nvlink = 3 * (g - 1) / g * 2 * params  # AG, AG, RS: each node's share of the levels
+    if hybrid:  # an all-reduce of the gradient shard among the replicas
+        network = 2 * (n - 1) / n * 2 * params / g
+    else:  # the cross-node level of the three collectives
+        network = 3 * (n - 1) / n * 2 * params / g
+    return held, nvlink, network
     ### END SOLUTION

@@ -130,6 +130,8 @@ BLOCKING_PREFETCH = ("                units[index + 1].gather(async_op=True)\n",
                      "                units[index + 1].gather()\n")
 NO_PREFETCH = ("            if prefetch and index + 1 < len(units):\n",
                "            if False:\n")
+NO_BACKWARD_PREFETCH = ("            if prefetch and index > 0:\n", "            if False:\n")
+GRADIENTS_KEPT = ("            p.grad = None\n", "            p.grad.zero_()\n")
 
 SLIPS = [
     ("not freed after forward", "fsdp/zero3", [NO_FREE], "blocks were whole at once"),
@@ -138,7 +140,10 @@ SLIPS = [
     ("stale weights", "fsdp/zero3", [STALE], "do not reach the weights"),
     ("a shard too large", "fsdp/zero3", [ONE_TOO_MANY], "each holds ⌈"),
     ("prefetch that blocks", "fsdp/prefetch", [BLOCKING_PREFETCH], "asynchronously"),
-    ("no prefetch", "fsdp/prefetch", [NO_PREFETCH], "had not been issued"),
+    ("no prefetch", "fsdp/prefetch", [NO_PREFETCH], "began its forward"),
+    ("no prefetch in backward", "fsdp/prefetch", [NO_BACKWARD_PREFETCH],
+     "began its backward"),
+    ("whole gradients kept", "fsdp/zero3", [GRADIENTS_KEPT], "whole weights or gradients"),
 ]
 
 

@@ -86,9 +86,15 @@ def test_the_course_plan_passes_and_classic_miscounts_are_named():
         held, within, across = fsdp.sharding_plan(params, nodes, gpus, hybrid)
         return (held, within, across * gpus if hybrid else across)
 
+    def one_flat_ring(params, nodes, gpus, hybrid):
+        held, within, across = fsdp.sharding_plan(params, nodes, gpus, hybrid)
+        everyone = nodes * gpus
+        return (held, within, across if hybrid else 3 * (everyone - 1) / everyone * 2 * params)
+
     for wrong, words in ((hsdp_sharded_everywhere, "16Ψ/g, not 16Ψ/G"),
                          (twelve_bytes, "12 bytes a parameter"),
-                         (whole_gradient_across, "not the whole gradient")):
+                         (whole_gradient_across, "not the whole gradient"),
+                         (one_flat_ring, "run in two levels")):
         result = grade("fsdp/plan", wrong)
         assert not result.passed, wrong.__name__
         assert words in " ".join(result.causes), result.causes

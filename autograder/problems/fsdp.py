@@ -15,9 +15,10 @@ its slice of the batch. Graded:
   one all-gather per block in forward, one per block in backward, one reduce-scatter per
   block in backward, and nothing else; each all-gather sends the shard, each
   reduce-scatter the padded whole;
-* memory: at most two blocks whole at once in forward, none after backward;
+* memory: at most two blocks whole at once in forward (weights or gradients), three in
+  backward, none after backward;
 * with ``prefetch``, the next block's all-gather is issued, asynchronously, before a
-  block computes.
+  block computes, in forward and in backward.
 
 ``fsdp/plan`` counts, for a job on many nodes, what a GPU holds and sends under FSDP and
 under HSDP (shard within a node, replicate across nodes).
@@ -91,7 +92,10 @@ def block_sizes(model: torch.nn.Module) -> list[int]:
 
 
 def _whole(block: torch.nn.Module) -> bool:
-    return any(p.untyped_storage().nbytes() > 0 for p in block.parameters())
+    """Whether the block holds whole weights or whole gradients: the memory that ZeRO-3
+    gives back between a block's uses."""
+    return any(t is not None and t.untyped_storage().nbytes() > 0
+               for p in block.parameters() for t in (p, p.grad))
 
 
 def _shards_wrong(shards: object, sizes: list[int], world: int) -> str:
@@ -128,10 +132,23 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     def whole_blocks() -> int:
         return sum(_whole(block) for block in model.blocks)
 
+    def backward_mark(index: int):
+        def mark(grad: torch.Tensor) -> None:
+            record.mark("backward block", block=index, whole=whole_blocks())
+        return mark
+
+    def note_backward(output: object, index: int) -> None:
+        # A hook on the block's output fires as its backward begins: after the learner's
+        # backward pre-hooks, which act on the output autograd sees further down.
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(backward_mark(index))
+
     for index, block in enumerate(model.blocks):  # after the learner's hooks: they gather
         block.register_forward_pre_hook(
             lambda module, args, index=index: record.mark("forward", block=index,
                                                           whole=whole_blocks()))
+        block.register_forward_hook(
+            lambda module, args, output, index=index: note_backward(output, index))
     optimizer = torch.optim.AdamW(shards, lr=LR)
     seen = []
     for step in range(len(x)):
@@ -273,18 +290,46 @@ def calls_cause(case: Case, log: RankLog, sizes: list[int], prefetch: bool) -> s
             return (f"{where}: backward made {len(regathered)} all-gathers for {layers} "
                     "blocks: each block's weights are freed after its forward, so its "
                     "backward gathers them again")
+        if sorted(c.elements for c in regathered) != shard_elements:
+            return (f"{where}: the backward's all-gathers sent "
+                    f"{[c.elements for c in regathered]} elements; each sends its block's "
+                    f"shard, {shard_elements}")
+        padded = sorted(n * count for count in shard_elements)
+        if sorted(c.elements for c in reduced) != padded:
+            return (f"{where}: the reduce-scatters were handed {[c.elements for c in reduced]}"
+                    f" elements; each takes its block's whole padded gradient, {padded}")
+        in_backward = [m for m in marks[:marks.index(optimizer)] if m.label == "backward block"]
+        worst = max((m.data.get("whole", 0) for m in in_backward), default=0)
+        if worst > 3:
+            return (f"{where}: {worst} blocks held whole weights or gradients at once in "
+                    "backward, at most three may: free each block once its gradients are "
+                    "reduce-scattered")
         if optimizer.data.get("whole", 0):
-            return (f"{where}: {optimizer.data['whole']} blocks were still whole after "
-                    "backward: free each one once its gradients are reduce-scattered")
+            return (f"{where}: {optimizer.data['whole']} blocks still held whole weights or "
+                    "gradients after backward: free both once a block's gradients are "
+                    "reduce-scattered")
         if prefetch:
-            for mark in whole_in_forward[:-1]:
-                block = mark.data["block"]
-                issued = [c for c in gathered if c.seq < mark.calls]
-                if len(issued) < block + 2 or issued[-1].blocking:
-                    return (f"{where}: when block {block} began its forward, block "
-                            f"{block + 1}'s all-gather had not been issued asynchronously "
-                            "(async_op=True): issue it before this block computes, wait "
-                            "for it before the next")
+            late = _not_prefetched(whole_in_forward[:-1], gathered, lambda b: b + 2,
+                                   lambda b: b + 1, "forward")
+            late = late or _not_prefetched(in_backward[:-1], regathered,
+                                           lambda b: layers - b + 1, lambda b: b - 1,
+                                           "backward")
+            if late:
+                return f"{where}: {late}"
+    return ""
+
+
+def _not_prefetched(marks: list[Mark], gathers: list[Call], needed, next_block,
+                    phase: str) -> str:
+    """Whether, as each block began its ``phase``, the next block's all-gather was already
+    issued asynchronously: ``needed(block)`` gathers by then, the last not blocking."""
+    for mark in marks:
+        block = mark.data["block"]
+        issued = [c for c in gathers if c.seq < mark.calls]
+        if len(issued) < needed(block) or issued[-1].blocking:
+            return (f"when block {block} began its {phase}, block {next_block(block)}'s "
+                    "all-gather had not been issued asynchronously (async_op=True): issue "
+                    "it before this block computes, wait for it before the next")
     return ""
 
 
@@ -326,11 +371,20 @@ HINTS = ("Each block's parameters become one flat vector, padded to a multiple o
          "vector's storage is freed (resize_(0)) and refilled (resize_ back, then "
          "all_gather_into_tensor) in forward pre-hooks, forward hooks and backward "
          "pre-hooks; the gradients go through reduce_scatter_tensor once the block's are "
-         "all accumulated (register_post_accumulate_grad_hook).",
-         "gather: full.untyped_storage().resize_(numel * 4); dist.all_gather_into_tensor("
-         "full.data, shard.detach()). free: full.untyped_storage().resize_(0). reduce: "
-         "flat = cat of the grads, padded; reduce_scatter_tensor(mine, flat); mine /= N; "
-         "shard.grad = mine; each p.grad = None; free.")
+         "all accumulated (register_post_accumulate_grad_hook: a full backward hook fires "
+         "too early on the first block, whose input needs no gradient).",
+         "gather: full.untyped_storage().resize_(full.numel() * full.element_size()); "
+         "self.gathering = dist.all_gather_into_tensor(full.data, shard.detach(), "
+         "async_op=async_op). free: full.untyped_storage().resize_(0). reduce: flat = cat "
+         "of the grads, padded; reduce_scatter_tensor(mine, flat); mine /= N (gloo has no "
+         "ReduceOp.AVG); shard.grad = mine.")
+PREFETCH_HINTS = ("In block i's forward pre-hook: gather block i and wait for it, then "
+                  "start block i + 1's gather with async_op=True and return. Block i + 1's "
+                  "pre-hook then finds its vector on the way: gather() does nothing, wait() "
+                  "waits for the handle. Backward: the same with block i − 1.",
+                  "before_forward(i): units[i].gather(); units[i].wait(); if prefetch and "
+                  "i + 1 < L: units[i + 1].gather(async_op=True). before_backward(i): the "
+                  "same with i − 1 and i > 0.")
 
 for _prefetch, _id, _title in ((False, "fsdp/zero3", "FSDP (ZeRO-3) from scratch"),
                                (True, "fsdp/prefetch", "FSDP with the next block prefetched")):
@@ -353,14 +407,14 @@ for _prefetch, _id, _title in ((False, "fsdp/zero3", "FSDP (ZeRO-3) from scratch
         deterministic_reference=False,
         # Five steps of a small model on 4 ranks: a second or two; a hang shows at once.
         time_limit_s=30.0,
-        hints=HINTS,
+        hints=PREFETCH_HINTS if _prefetch else HINTS,
         answer_in=("ShardedLayer", "shard_layers"),
     ))
 
 
 # === fsdp/plan: FSDP or HSDP on many nodes, counted ===============================================
 
-PLAN_FIELDS = ("bytes held", "bytes sent within a node", "bytes sent across nodes")
+PLAN_FIELDS = ("bytes held", "bytes sent over NVLink", "bytes sent over the network")
 
 
 def _plan_case(params: float, nodes: int, gpus: int, hybrid: bool, note: str = "") -> Case:
@@ -388,15 +442,14 @@ def _plan_inputs(case: Case, generator: torch.Generator, device: torch.device) -
 def _plan_reference(params: float, nodes: int, gpus_per_node: int, hybrid: bool) -> dict:
     from rooflab.kernels.fsdp import ADAM_MIXED_BYTES
 
-    # The state is sharded over one node (HSDP) or over every GPU (FSDP).
+    # The state is sharded over one node (HSDP) or over every GPU (FSDP). Each collective
+    # runs in two levels: (g - 1)/g of it on NVLink, (n - 1)/n of a 1/g share on the network.
     shards = gpus_per_node * (1 if hybrid else nodes)
-    rings = 3 * (shards - 1) / shards * 2 * params  # two all-gathers, one reduce-scatter
-    spans_nodes = not hybrid and nodes > 1
-    across = rings if spans_nodes else 0.0
-    if hybrid:  # the gradient shards' all-reduce among the node replicas
-        across = 2 * (nodes - 1) / nodes * 2 * params / shards
-    return {"want": (ADAM_MIXED_BYTES * params / shards, 0.0 if spans_nodes else rings,
-                     across),
+    weights = 2 * params  # bf16 bytes, gathered twice and reduce-scattered once a step
+    on_network = (nodes - 1) / nodes * weights / gpus_per_node
+    return {"want": (ADAM_MIXED_BYTES * params / shards,
+                     3 * weights * (gpus_per_node - 1) / gpus_per_node,
+                     (2 if hybrid else 3) * on_network),
             "params": params, "nodes": nodes, "gpus_per_node": gpus_per_node,
             "hybrid": hybrid}
 
@@ -430,24 +483,30 @@ def _plan_cause(got: list[float], reference: dict, wrong: list[int]) -> str:
                         "holds 16: bf16 weight and gradient, fp32 master weight, m and v")
     if 2 in wrong and reference["hybrid"] and math.isclose(
             got[2], 2 * (nodes - 1) / nodes * 2 * params, rel_tol=1e-9):
-        return (": each node all-reduces only its GPU's gradient shard across nodes, "
-                "2Ψ/g bytes, not the whole gradient")
+        return (": each GPU all-reduces only its gradient shard across nodes, 2Ψ/g bytes, "
+                "not the whole gradient")
+    if 2 in wrong and not reference["hybrid"] and math.isclose(
+            got[2], 3 * (gpus - 1) / gpus * 2 * params, rel_tol=1e-9):
+        return (": that is every byte of a flat ring over all GPUs. Across nodes the "
+                "collectives run in two levels: only the GPUs of one local rank exchange "
+                "over the network, each 1/g of the data, (n − 1)/n of it")
     return ""
 
 
 register(Problem(
     id="fsdp/plan", title="FSDP or HSDP on many nodes: memory and traffic per GPU",
     signature=("sharding_plan(params, nodes, gpus_per_node, hybrid) -> (bytes held, bytes "
-               "sent within a node, bytes sent across nodes), per GPU and step"),
+               "sent over NVLink, bytes sent over the network), per GPU and step"),
     make_inputs=_plan_inputs, reference=_plan_reference, cost=lambda case: Cost(0, 0),
     kernel=None, timed=False, compare=compare_plan,
     cpu_cases=PLAN_CASES, gpu_cases=PLAN_CASES,
     solution="rooflab.kernels.fsdp:sharding_plan",
     hints=("Held: 16 bytes a parameter, divided by the number of GPUs the state is sharded "
-           "over: all of them for FSDP, one node's for HSDP. Sent: a ring all-gather or "
-           "reduce-scatter over k GPUs sends (k − 1)/k of the bytes, an all-reduce twice "
-           "that.",
-           "FSDP: held 16Ψ/G, 3(G − 1)/G·2Ψ sent, across nodes when there are several. "
-           "HSDP: held 16Ψ/g, 3(g − 1)/g·2Ψ within the node, 2(n − 1)/n·2Ψ/g across."),
+           "over: all of them for FSDP, one node's for HSDP. Sent: in two levels, an "
+           "all-gather or reduce-scatter of S sends (g − 1)/g·S over NVLink and (n − 1)/n·"
+           "S/g over the network; an all-reduce twice that.",
+           "Both send 3·(g − 1)/g·2Ψ over NVLink. Network: FSDP 3·(n − 1)/n·2Ψ/g (its three "
+           "collectives' cross-node level), HSDP 2·(n − 1)/n·2Ψ/g (one all-reduce of the "
+           "gradient shard)."),
     answer_in=("sharding_plan",),
 ))
