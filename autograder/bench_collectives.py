@@ -215,18 +215,11 @@ def record(report: Report) -> dict:
     }
 
 
-def _again(report: Report) -> Callable[[Row], Row | None]:
-    def again(row: Row) -> Row | None:
-        fresh = run(report.world, [row.bytes], report.reps, report.warmup, seed=1)
-        return next((r for r in fresh.rows if r.kernel == row.kernel), None)
-
-    return again
-
-
 def main(*, json_path: str | None = None, baseline: str | None = None,
          tolerance: float = 0.05) -> int:
     """``rooflab bench allreduce``: run, print the table, gate, write the record."""
     report = run()
-    return bench_ranks.finish(NAME, report.rows, table(report), _again(report),
-                              lambda: record(report), json_path=json_path,
-                              baseline=baseline, tolerance=tolerance)
+    return bench_ranks.finish(
+        NAME, report.rows, table(report),
+        lambda row: run(report.world, [row.bytes], report.reps, report.warmup, seed=1).rows,
+        lambda: record(report), json_path=json_path, baseline=baseline, tolerance=tolerance)

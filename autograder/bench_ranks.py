@@ -150,11 +150,17 @@ def gate(rows: Sequence, baseline: str, tolerance: float, again: Callable,
     return 1 if any(m.verdict == "regressed" for m in moved) else 0
 
 
-def finish(name: str, rows: Sequence, text: str, again: Callable, data: Callable[[], dict],
-           *, json_path: str | None, baseline: str | None, tolerance: float) -> int:
-    """The end of every bench's ``main``: print the table, gate, then write the record
+def finish(name: str, rows: Sequence, text: str, rerun: Callable[[object], Sequence],
+           data: Callable[[], dict], *, json_path: str | None, baseline: str | None,
+           tolerance: float) -> int:
+    """The end of every bench's ``main``: print the table, gate (``rerun(row)`` times
+    again what a suspect row measured, and returns the fresh rows), then write the record
     (after the gate: the newest record is the one before this run). The exit status."""
     print(text)
+
+    def again(row):
+        return next((fresh for fresh in rerun(row) if fresh.kernel == row.kernel), None)
+
     status = gate(rows, baseline, tolerance, again, name) if baseline else 0
     if json_path:
         print(f"wrote {write(json_path, data(), name)}")

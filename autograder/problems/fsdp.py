@@ -268,9 +268,10 @@ def calls_cause(case: Case, log: RankLog, sizes: list[int], prefetch: bool) -> s
         if len(gathered) != layers:
             return (f"{where}: forward made {len(gathered)} all-gathers for {layers} blocks: "
                     "one a block, before its forward (and free it after)")
-        if sorted(c.elements for c in gathered) != shard_elements:
-            return (f"{where}: the forward's all-gathers sent {[c.elements for c in gathered]}"
-                    f" elements; each sends its block's shard, {shard_elements}")
+        sizes_wrong = _sizes_cause(gathered, shard_elements, "the forward's all-gathers sent",
+                                   "each sends its block's shard")
+        if sizes_wrong:
+            return f"{where}: {sizes_wrong}"
         whole_in_forward = [m for m in marks[:marks.index(backward)] if m.label == "forward"]
         worst = max((m.data.get("whole", 0) for m in whole_in_forward), default=0)
         if worst > 2:
@@ -290,14 +291,13 @@ def calls_cause(case: Case, log: RankLog, sizes: list[int], prefetch: bool) -> s
             return (f"{where}: backward made {len(regathered)} all-gathers for {layers} "
                     "blocks: each block's weights are freed after its forward, so its "
                     "backward gathers them again")
-        if sorted(c.elements for c in regathered) != shard_elements:
-            return (f"{where}: the backward's all-gathers sent "
-                    f"{[c.elements for c in regathered]} elements; each sends its block's "
-                    f"shard, {shard_elements}")
-        padded = sorted(n * count for count in shard_elements)
-        if sorted(c.elements for c in reduced) != padded:
-            return (f"{where}: the reduce-scatters were handed {[c.elements for c in reduced]}"
-                    f" elements; each takes its block's whole padded gradient, {padded}")
+        sizes_wrong = _sizes_cause(
+            regathered, shard_elements, "the backward's all-gathers sent",
+            "each sends its block's shard") or _sizes_cause(
+            reduced, sorted(n * count for count in shard_elements),
+            "the reduce-scatters were handed", "each takes its block's whole padded gradient")
+        if sizes_wrong:
+            return f"{where}: {sizes_wrong}"
         in_backward = [m for m in marks[:marks.index(optimizer)] if m.label == "backward block"]
         worst = max((m.data.get("whole", 0) for m in in_backward), default=0)
         if worst > 3:
@@ -317,6 +317,13 @@ def calls_cause(case: Case, log: RankLog, sizes: list[int], prefetch: bool) -> s
             if late:
                 return f"{where}: {late}"
     return ""
+
+
+def _sizes_cause(calls: list[Call], want: list[int], what: str, rule: str) -> str:
+    """"" when the calls' sizes, in any order, are ``want``; else what they were."""
+    if sorted(call.elements for call in calls) == want:
+        return ""
+    return f"{what} {[call.elements for call in calls]} elements; {rule}, {want}"
 
 
 def _not_prefetched(marks: list[Mark], gathers: list[Call], needed, next_block,
