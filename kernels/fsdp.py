@@ -341,3 +341,69 @@ def sharding_plan(params: float, nodes: int, gpus_per_node: int,
         network = 3 * (n - 1) / n * 2 * params / g
     return held, nvlink, network
     ### END SOLUTION
+
+
+# --- outside the grader: under torchrun ----------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The sharding outside the grader, under ``torchrun``, one process a GPU:
+
+        torchrun --standalone --nproc-per-node=8 -m rooflab.kernels.fsdp
+
+    NCCL with one GPU a rank where there are enough GPUs, gloo on the CPU otherwise. Each
+    rank trains the lab's model, sharded by ``shard_layers`` (``--prefetch`` to prefetch),
+    on its own slice of every step's batch; rank 0 prints each step's loss (the mean over
+    ranks), its time, and the bytes a rank holds against 16Ψ/N.
+    """
+    import argparse
+    import os
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m rooflab.kernels.fsdp")
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4, help="sequences a rank a step")
+    parser.add_argument("--length", type=int, default=512, help="tokens a sequence")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--prefetch", action="store_true")
+    args = parser.parse_args(argv)
+    world = int(os.environ["WORLD_SIZE"])
+    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    if gpus:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if gpus else "gloo")
+    rank, device = dist.get_rank(), torch.device("cuda" if gpus else "cpu")
+    torch.manual_seed(0)  # the same weights on every rank
+    model = TinyTransformer(args.dim, args.heads, args.layers).to(device)
+    psi = sum(p.numel() for p in model.parameters())
+    shards = shard_layers(model, prefetch=args.prefetch)
+    optimizer = torch.optim.AdamW(shards, lr=1e-3)
+    generator = torch.Generator(device=device).manual_seed(1)
+    for step in range(args.steps):
+        shape = (world * args.batch, args.length, args.dim)
+        x, y = (torch.randn(shape, generator=generator, device=device)
+                [rank * args.batch:(rank + 1) * args.batch] for _ in range(2))
+        start = time.perf_counter()
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        optimizer.step()
+        if gpus:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        held = sum(memory_held(shards, optimizer).values())
+        optimizer.zero_grad()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        if rank == 0:
+            print(f"step {step}: loss {mean.item() / world:.6f}, {elapsed * 1e3:.1f} ms; "
+                  f"{held:,} B held a rank, 16Ψ/N = {16 * psi / world:,.0f} B")
+    if rank == 0:
+        print(f"{world} ranks on {'NCCL' if gpus else 'gloo'}, {args.layers} blocks of width "
+              f"{args.dim}, prefetch {'on' if args.prefetch else 'off'}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
