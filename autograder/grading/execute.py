@@ -49,6 +49,17 @@ def _kernel_manager():
     return ThisPython()
 
 
+def without_output_widgets(client):
+    """``client`` (an nbclient NotebookClient), no longer playing JupyterLab's part for
+    the Output widget (which ``interact`` displays into). To play it, nbclient sends comm
+    messages on the shell channel while it waits there for the cell's reply, and now and
+    then that reply is never seen: the cell then waits out its whole time limit
+    (jupyter/nbclient#312; lab 00's ``interact`` cell, once in a few dozen runs). No
+    grade rests on a widget's output: a check's verdict is its record."""
+    client.widget_registry = {}
+    return client
+
+
 def _error_output(name: str, value: str) -> dict:
     return {"output_type": "error", "ename": name, "evalue": value, "traceback": []}
 
@@ -66,9 +77,9 @@ def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
         shutil.rmtree(records, ignore_errors=True)  # a rerun's records replace the last's
         records.mkdir(parents=True)
         nb = nbformat.from_dict(json.loads(json.dumps(notebook)))
-        client = NotebookClient(nb, km=_kernel_manager(), timeout=cell_timeout,
-                                interrupt_on_timeout=True, allow_errors=True,
-                                resources={"metadata": {"path": str(workdir)}})
+        client = without_output_widgets(NotebookClient(
+            nb, km=_kernel_manager(), timeout=cell_timeout, interrupt_on_timeout=True,
+            allow_errors=True, resources={"metadata": {"path": str(workdir)}}))
         cells: list[dict] = []
         current = -1
         try:
