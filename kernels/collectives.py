@@ -150,6 +150,20 @@ def add_into(chunk: torch.Tensor, incoming: torch.Tensor, out: torch.Tensor | No
     return out
 
 
+def join_torchrun_group() -> tuple[int, int, torch.device]:
+    """Join the process group ``torchrun`` describes (its environment variables): NCCL
+    with one GPU a rank where there are enough GPUs, gloo on the CPU otherwise. This
+    rank's number, the world size, and the device its tensors go on."""
+    import os
+
+    world = int(os.environ["WORLD_SIZE"])
+    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    if gpus:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if gpus else "gloo")
+    return dist.get_rank(), world, torch.device("cuda" if gpus else "cpu")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The same functions outside the grader, under ``torchrun``; on eight GPUs:
 
@@ -164,18 +178,13 @@ def main(argv: list[str] | None = None) -> None:
     ``torch.distributed.run`` on three CPU ranks).
     """
     import argparse
-    import os
     import time
 
     parser = argparse.ArgumentParser(prog="python -m rooflab.kernels.collectives")
     parser.add_argument("--size", type=int, default=1 << 24, help="elements per rank")
     args = parser.parse_args(argv)
-    world = int(os.environ["WORLD_SIZE"])
-    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    if gpus:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if gpus else "gloo")
-    rank, device = dist.get_rank(), torch.device("cuda" if gpus else "cpu")
+    rank, world, device = join_torchrun_group()
+    gpus = device.type == "cuda"
     generator = torch.Generator(device=device).manual_seed(rank)
     report = []
     for dtype in (torch.float32, torch.int64):

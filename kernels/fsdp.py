@@ -357,8 +357,9 @@ def main(argv: list[str] | None = None) -> None:
     ranks), its time, and the bytes a rank holds against 16Ψ/N.
     """
     import argparse
-    import os
     import time
+
+    from rooflab.kernels.collectives import join_torchrun_group
 
     parser = argparse.ArgumentParser(prog="python -m rooflab.kernels.fsdp")
     parser.add_argument("--dim", type=int, default=1024)
@@ -369,12 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--prefetch", action="store_true")
     args = parser.parse_args(argv)
-    world = int(os.environ["WORLD_SIZE"])
-    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    if gpus:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if gpus else "gloo")
-    rank, device = dist.get_rank(), torch.device("cuda" if gpus else "cpu")
+    rank, world, device = join_torchrun_group()
+    gpus = device.type == "cuda"
     torch.manual_seed(0)  # the same weights on every rank
     model = TinyTransformer(args.dim, args.heads, args.layers).to(device)
     psi = sum(p.numel() for p in model.parameters())
