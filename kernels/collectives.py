@@ -156,6 +156,13 @@ def join_torchrun_group() -> tuple[int, int, torch.device]:
     rank's number, the world size, and the device its tensors go on."""
     import os
 
+    # Import torch.distributed.nn before the group exists. Its functions take
+    # ``group=group.WORLD`` as a default argument, so importing it afterwards (an
+    # optimizer's first step does, through torch._dynamo) keeps the default group alive
+    # past ``destroy_process_group``: gloo's threads then outlive the interpreter and can
+    # abort the process as it exits (``terminate called without an active exception``).
+    import torch.distributed.nn  # noqa: F401
+
     world = int(os.environ["WORLD_SIZE"])
     gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
     if gpus:

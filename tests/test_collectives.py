@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -189,6 +190,35 @@ def test_the_course_ring_runs_unchanged_under_torchrun():
     assert "3 ranks on " in done.stdout and "1,001 elements each" in done.stdout
     assert "float32: ring_allreduce matches dist.all_reduce" in done.stdout
     assert "int64: ring_allreduce matches dist.all_reduce" in done.stdout
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_a_torchrun_group_is_gone_after_destroy_even_when_dynamo_loads_late():
+    """An optimizer's first step imports torch._dynamo, and with it default arguments that
+    hold the default group. Unless ``join_torchrun_group`` forestalls that, gloo's threads
+    outlive ``destroy_process_group`` and now and then abort the process at exit."""
+    script = (
+        "import os, socket, torch\n"
+        "import torch.distributed as dist\n"
+        "from rooflab.kernels.collectives import join_torchrun_group\n"
+        "threads = lambda: len(os.listdir('/proc/self/task'))\n"
+        "before = threads()\n"
+        "join_torchrun_group()\n"
+        "dist.all_reduce(torch.ones(3))\n"
+        "import torch._dynamo\n"
+        "dist.destroy_process_group()\n"
+        "print(before, threads())\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                   "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=environment)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = done.stdout.split()
+    assert after == before, f"{int(after) - int(before)} threads of the group left running"
 
 
 # --- each classic bug fails with its cause named ------------------------------------------
