@@ -1,10 +1,7 @@
-"""`rooflab grade`, end to end on a CPU: a release is built, a class of three submissions
-to lab 00 is graded in parallel, interrupted, and resumed; each learner gets the grade
-their notebook earns, whatever it did to the checks, the timer or the kernel.
-
-Every notebook graded costs a kernel and the lab's imports, so two of the three learners
-each do several things wrong, each in an exercise of its own: every exercise is graded on
-its own cells, and the others of the notebook must still pass."""
+"""`rooflab grade`, end to end on a CPU: a release is built, a class of six submissions to
+lab 00 is graded in parallel, interrupted, and resumed; each learner gets the grade their
+notebook earns, whatever it did to the checks, the timer or the kernel, and every exercise
+a learner did not break still passes."""
 
 import copy
 import itertools
@@ -47,28 +44,30 @@ def _edited(changes: dict, without: tuple[str, ...] = ()) -> dict:
 CLASS = {
     # learner: (how it is handed in, the notebook, what each exercise must get)
     "alice": ("notebook", SOLVED, {}),
-    "bob": ("folder", _edited({
-        # A cell ending the kernel: the notebook runs again without it, and only its own
-        # exercise fails.
-        "00-014": lambda s: "import os\nos._exit(0)\n" + s,
-        # An endless loop after it (so that it is met once): interrupted at the cell's
-        # time limit. It sleeps, to leave the CPU to the other notebook graded meanwhile.
-        "00-017": lambda s: "import time\nwhile True:\n    time.sleep(0.05)\n" + s,
-    }, without=("00-006",)),  # a check deleted: restored, and passes
-        {"roofline/cost_attention": "cell 00-014 ended the kernel",
-         "roofline/time_floor": "cell 00-017 failed (it ran past the cell time limit"}),
+    # A check deleted: restored, and passes.
+    "bob": ("folder", _edited({}, without=("00-006",)), {}),
+    # A wrong answer, and its check edited to print a pass.
     "carol": ("zip", _edited({
-        # A wrong answer, and its check edited to print a pass.
         "00-008": lambda s: s.replace("flops = 5 * elements", "flops = 4 * elements"),
         "00-009": lambda s: 'print("PASS roofline/cost_softmax")',
-        # More memory than the cap allows.
-        "00-011": lambda s: "import torch\n_hog = torch.empty(1 << 40, dtype=torch.uint8)\n" + s,
-        # A clock running at half speed.
+    }), {"roofline/cost_softmax": "flops: got"}),
+    # An endless loop, interrupted at the cell's time limit; then more memory than the cap
+    # allows, in an exercise of its own: grading goes on after each. The loop sleeps, to
+    # leave the CPU to the notebook graded beside it.
+    "dave": ("notebook", _edited({
+        "00-011": lambda s: "import time\nwhile True:\n    time.sleep(0.05)\n" + s,
+        "00-017": lambda s: "import torch\n_hog = torch.empty(1 << 40, dtype=torch.uint8)\n" + s,
+    }), {"roofline/cost_matmul": "cell 00-011 failed (it ran past the cell time limit",
+         "roofline/time_floor": "cell 00-017 failed ("}),
+    # A clock running at half speed.
+    "erin": ("notebook", _edited({
         "00-028": lambda s: ("import time as _time\n_clock = _time.perf_counter\n"
                              "_time.perf_counter = lambda: _clock() * 0.5\n") + s,
-    }), {"roofline/cost_softmax": "flops: got",
-         "roofline/cost_matmul": "cell 00-011 failed (",
-         "roofline/timer": "replaced time.perf_counter"}),
+    }), {"roofline/timer": "replaced time.perf_counter"}),
+    # A cell ending the kernel: the notebook runs again without it, and only its own
+    # exercise fails.
+    "frank": ("notebook", _edited({"00-014": lambda s: "import os\nos._exit(0)\n" + s}),
+              {"roofline/cost_attention": "cell 00-014 ended the kernel"}),
 }
 
 
