@@ -59,11 +59,14 @@ CLASS = {
         "00-017": lambda s: "import torch\n_hog = torch.empty(1 << 40, dtype=torch.uint8)\n" + s,
     }), {"roofline/cost_matmul": "cell 00-011 failed (it ran past the cell time limit",
          "roofline/time_floor": "cell 00-017 failed ("}),
-    # A clock running at half speed.
+    # A clock running at half speed; and, in an exercise of its own, sys.exit(0), which
+    # must not read as a pass.
     "erin": ("notebook", _edited({
         "00-028": lambda s: ("import time as _time\n_clock = _time.perf_counter\n"
                              "_time.perf_counter = lambda: _clock() * 0.5\n") + s,
-    }), {"roofline/timer": "replaced time.perf_counter"}),
+        "00-005": lambda s: "import sys\nsys.exit(0)\n" + s,
+    }), {"roofline/timer": "replaced time.perf_counter",
+         "roofline/cost_vector_add": "cell 00-005 failed (SystemExit: 0)"}),
     # A cell ending the kernel: the notebook runs again without it, and only its own
     # exercise fails.
     "frank": ("notebook", _edited({"00-014": lambda s: "import os\nos._exit(0)\n" + s}),
