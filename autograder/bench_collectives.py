@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import bench_ranks, versions
+from . import bench_ranks
 from .device import _cpu_name
 
 NAME = "allreduce"
@@ -193,15 +193,10 @@ def table(report: Report) -> str:
 
 
 def record(report: Report) -> dict:
-    """The evidence: the machine, the versions, the method, every row, the check, the goal."""
+    """The evidence: the machine, the date, the versions, the method, every row, the
+    check, the goal."""
     return {
-        "bench": NAME,
-        "card": _cpu_name(),  # the machine the ranks ran on: this CPU
-        "kind": "cpu",
-        "cores": os.cpu_count(),
-        "backend": "gloo",
-        "ranks": report.world,
-        "versions": versions.installed(),
+        **bench_ranks.machine(NAME, report.world),
         "method": (f"fp32, 1 torch thread a rank; at each size {report.warmup} warm-up and "
                    f"{report.reps} timed runs, each on a fresh torch.randn tensor, ring and "
                    "dist.all_reduce in alternating order after a barrier; a run's time is "

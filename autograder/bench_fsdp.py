@@ -43,7 +43,6 @@ ranks (``bench_ranks`` starts the ranks and gates and writes the record):
 
 from __future__ import annotations
 
-import datetime
 import os
 import statistics
 import time
@@ -56,7 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import bench_ranks, versions
+from . import bench_ranks
 from .device import _cpu_name
 
 NAME = "fsdp"
@@ -356,14 +355,7 @@ def record(report: Report) -> dict:
     """The evidence: the machine, the versions, the model, the method, every row, the
     formula, the loss check, the goals."""
     return {
-        "bench": NAME,
-        "card": _cpu_name(),  # the machine the ranks ran on: this CPU
-        "kind": "cpu",
-        "cores": os.cpu_count(),
-        "backend": "gloo",
-        "ranks": report.world,
-        "date": datetime.date.today().isoformat(),
-        "versions": versions.installed(),
+        **bench_ranks.machine(NAME, report.world),
         "model": {**asdict(report.setup), "parameters": report.setup.parameters()},
         "method": (f"fp32, AdamW lr {LR:g}, 1 torch thread a rank; FSDP2 = fully_shard on "
                    "each block then the root; the three take turns step by step in a "

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import versions
 from .device import _cpu_name
 
 # gloo's own limit on one collective: far beyond any step here, so that a deadlock shows
@@ -113,6 +114,14 @@ def _gather(results: multiprocessing.Queue, processes: list, deadline: float,
 
 
 # --- the report ----------------------------------------------------------------------------
+
+
+def machine(name: str, world: int) -> dict:
+    """The head of a record: the bench, the machine its ranks ran on (this CPU), the date,
+    the versions."""
+    return {"bench": name, "card": _cpu_name(), "kind": "cpu", "cores": os.cpu_count(),
+            "backend": "gloo", "ranks": world, "date": datetime.date.today().isoformat(),
+            "versions": versions.installed()}
 
 
 def write(path: str, data: dict, name: str) -> Path:

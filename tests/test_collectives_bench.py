@@ -46,7 +46,7 @@ def test_the_record_says_where_how_and_whether_the_goal_holds(report):
     data = json.loads(json.dumps(bench_collectives.record(report)))
     assert data["bench"] == "allreduce" and data["kind"] == "cpu" and data["card"]
     assert data["backend"] == "gloo" and data["ranks"] == 3
-    assert data["versions"]["torch"] and data["cores"] >= 1
+    assert data["versions"]["torch"] and data["cores"] >= 1 and data["date"]
     assert data["checked"]["runs"] == report.checked_runs
     assert "busbw = algbw·2(N − 1)/N" in data["method"]
     assert {"median_us", "algbw_gbs", "busbw_gbs", "ratio_to_baseline"} <= set(data["rows"][0])
