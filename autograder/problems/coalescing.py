@@ -8,13 +8,15 @@ import torch
 from ..problem import Case, Cost, Levels, Problem, Structure, random_tensor, register
 
 
-def _vector_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+def vector_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    """Two random vectors of ``n`` elements."""
     n = case.sizes["n"]
     return (random_tensor((n,), case.dtype, gen, device, case.scale),
             random_tensor((n,), case.dtype, gen, device, case.scale))
 
 
-def _vector_cost(case: Case) -> Cost:
+def vector_cost(case: Case) -> Cost:
+    """Two vectors read, one written: 3n elements moved, one FLOP an element."""
     n, size = case.sizes["n"], case.dtype.itemsize
     return Cost(flops=n, bytes=3 * n * size, dtype="fp32")
 
@@ -23,9 +25,9 @@ register(Problem(
     id="coalescing/vector_add",
     title="Vector add with a masked tail",
     signature="(x: Tensor[n], y: Tensor[n]) -> Tensor[n]  # x + y",
-    make_inputs=_vector_inputs,
+    make_inputs=vector_inputs,
     reference=lambda x, y: x + y,
-    cost=_vector_cost,
+    cost=vector_cost,
     cpu_cases=[
         Case({"n": 1}, torch.float32, note="one element"),
         Case({"n": 1000}, torch.float32, note="ragged tail"),

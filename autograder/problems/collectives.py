@@ -37,13 +37,13 @@ from ..problem import (
     Levels,
     Problem,
     Structure,
-    random_tensor,
     register,
 )
 from ..ranks import RanksProblem
 from ..ranks.problem import world_size
 from ..ranks.record import RankLog
 from ..result import CaseResult
+from .coalescing import vector_cost, vector_inputs
 
 F32, I64, I32 = torch.float32, torch.int64, torch.int32
 REMAINDER = "N does not divide the size"
@@ -360,26 +360,15 @@ register(RanksProblem(
 
 # --- the local reduction of a ring step, on one GPU --------------------------------------
 
-def _add_into_inputs(case: Case, generator: torch.Generator, device: torch.device) -> tuple:
-    n = case.sizes["n"]
-    return tuple(random_tensor((n,), case.dtype, generator, device, case.scale)
-                 for _ in range(2))
-
-
-def _add_into_cost(case: Case) -> Cost:
-    """Two chunks read, one written: a copy's bytes and a half again, one FLOP an element."""
-    n = case.sizes["n"]
-    return Cost(flops=n, bytes=3 * n * case.dtype.itemsize)
-
-
 register(Problem(
     id="collectives/add_into",
     title="A ring step's reduction, chunk + incoming, at the bandwidth roof",
     signature="add_into(chunk: Tensor[n], incoming: Tensor[n], out: Tensor[n]) -> Tensor[n]  "
               "# out = chunk + incoming; the ring passes out=chunk",
-    make_inputs=_add_into_inputs,
+    # Lab 01's vector add, as a ring step uses it: two chunks read, one written.
+    make_inputs=vector_inputs,
     reference=lambda chunk, incoming: chunk + incoming,
-    cost=_add_into_cost,
+    cost=vector_cost,
     # The grader passes ``out`` apart from ``chunk``, so that a kernel storing into the
     # wrong tensor shows (chunk or incoming changed, out unwritten).
     output_arg=True,
