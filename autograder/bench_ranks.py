@@ -28,11 +28,9 @@ a ring's many point-to-point calls against the library's one.
 from __future__ import annotations
 
 import datetime
-import json
 import multiprocessing
 import os
 import queue
-import re
 import shutil
 import tempfile
 import time
@@ -43,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import versions
+from . import gate, versions
 from .device import _cpu_name
 
 # gloo's own limit on one collective: far beyond any step here, so that a deadlock shows
@@ -124,41 +122,6 @@ def machine(name: str, world: int) -> dict:
             "versions": versions.installed()}
 
 
-def write(path: str, data: dict, name: str) -> Path:
-    """JSON to ``path``; a folder gets ``<cpu>-<date>-<name>.json``."""
-    target = Path(path)
-    if target.is_dir() or path.endswith("/"):
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", _cpu_name()).strip("-")
-        target = target / f"{slug}-{datetime.date.today().isoformat()}-{name}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(data, indent=2) + "\n")
-    return target
-
-
-def gate(rows: Sequence, baseline: str, tolerance: float, again: Callable,
-         name: str) -> int:
-    """Compare each row's ratio to the library with a record's (``gate.py``): 1 on a
-    regression that a second look (``again(row)``) confirms, else 0; 2 without the record.
-    ``baseline``: a record's path, or "newest" (this CPU's newest record of ``name``)."""
-    from . import gate as gates
-
-    path = Path(baseline)
-    if baseline == "newest":
-        found = gates.newest_record(Path("bench/results"), _cpu_name(), name)
-        if found is None:
-            print(f"no record of `{name}` for {_cpu_name()} in bench/results/ yet: nothing "
-                  "to gate against")
-            return 0
-        path = found
-    if not path.is_file():
-        print(f"rooflab bench {name}: no such record: {path}")
-        return 2
-    moved = gates.judge(list(rows), gates.read(path), tolerance, again)
-    print(f"\n{path}:")
-    print(gates.table(moved, tolerance))
-    return 1 if any(m.verdict == "regressed" for m in moved) else 0
-
-
 def finish(name: str, rows: Sequence, text: str, rerun: Callable[[object], Sequence],
            data: Callable[[], dict], *, json_path: str | None, baseline: str | None,
            tolerance: float) -> int:
@@ -170,7 +133,14 @@ def finish(name: str, rows: Sequence, text: str, rerun: Callable[[object], Seque
     def again(row):
         return next((fresh for fresh in rerun(row) if fresh.kernel == row.kernel), None)
 
-    status = gate(rows, baseline, tolerance, again, name) if baseline else 0
+    status = 0
+    if baseline:
+        try:
+            status = 1 if gate.regressed(rows, baseline, _cpu_name(), name, tolerance,
+                                         again) else 0
+        except FileNotFoundError as error:
+            print(f"rooflab bench {name}: {error}")
+            status = 2
     if json_path:
-        print(f"wrote {write(json_path, data(), name)}")
+        print(f"wrote {gate.write(json_path, data(), _cpu_name(), f'-{name}')}")
     return status

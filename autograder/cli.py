@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import re
 import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -217,13 +215,9 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
 
 def _write_record(path: str, record: dict, suffix: str = "") -> None:
     """Write JSON to ``path``; a folder gets ``<card>-<date><suffix>.json``."""
-    target = Path(path)
-    if target.is_dir() or path.endswith("/"):
-        card = re.sub(r"[^A-Za-z0-9]+", "-", device.current().name).strip("-")
-        target = target / f"{card}-{date.today().isoformat()}{suffix}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {target}")
+    from . import gate
+
+    print(f"wrote {gate.write(path, record, device.current().name, suffix)}")
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -284,21 +278,13 @@ def _gate(args: argparse.Namespace, rows: list) -> int:
     """Compare with the recorded ratios to the library; EXIT_FAIL on a real regression."""
     from . import bench, gate
 
-    path = Path(args.baseline)
-    if args.baseline == "newest":
-        path = gate.newest_record(Path("bench/results"), device.current().name, args.name)
-        if path is None:
-            print(f"no record of `{args.name}` for {device.current().name} in bench/results/ "
-                  "yet: nothing to gate against")
-            return EXIT_PASS
-    if not path.is_file():
-        raise UsageError(f"no such record: {path}")
-    tolerance = _fraction(args.tolerance)
-    moved = gate.judge(rows, gate.read(path), tolerance,
-                       again=lambda row: bench.remeasure(args.name, row))
-    print(f"\n{path}:")
-    print(gate.table(moved, tolerance))
-    return EXIT_FAIL if any(m.verdict == "regressed" for m in moved) else EXIT_PASS
+    try:
+        worse = gate.regressed(rows, args.baseline, device.current().name, args.name,
+                               _fraction(args.tolerance),
+                               again=lambda row: bench.remeasure(args.name, row))
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    return EXIT_FAIL if worse else EXIT_PASS
 
 
 def _fraction(text: str) -> float:

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 from .bench import Row
@@ -88,9 +89,34 @@ def table(moved: list[Moved], tolerance: float) -> str:
     return "\n".join(lines)
 
 
+def regressed(rows: list[Row], baseline: str, card: str, name: str, tolerance: float,
+              again: Callable[[Row], Row | None]) -> bool:
+    """Judge ``rows`` against ``baseline``, a record's path or "newest" (the newest record of
+    bench ``name`` for ``card`` in bench/results/), and print what moved: True on a
+    regression that a second look confirms. FileNotFoundError when no record is there."""
+    path = Path(baseline)
+    if baseline == "newest":
+        found = newest_record(Path("bench/results"), card, name)
+        if found is None:
+            print(f"no record of `{name}` for {card} in bench/results/ yet: nothing to gate "
+                  "against")
+            return False
+        path = found
+    if not path.is_file():
+        raise FileNotFoundError(f"no such record: {path}")
+    moved = judge(list(rows), read(path), tolerance, again)
+    print(f"\n{path}:")
+    print(table(moved, tolerance))
+    return any(m.verdict == "regressed" for m in moved)
+
+
+def _slug(card: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", card).strip("-")
+
+
 def newest_record(folder: Path, card: str, name: str) -> Path | None:
     """The newest ``<card>-<date>-<name>.json`` in ``folder`` for this card."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", card).strip("-")
+    slug = _slug(card)
     pattern = re.compile(rf"^{re.escape(slug)}-(\d{{4}}-\d{{2}}-\d{{2}})-{re.escape(name)}\.json$")
     found = sorted((match.group(1), path) for path in folder.glob("*.json")
                    if (match := pattern.match(path.name)))
@@ -99,3 +125,14 @@ def newest_record(folder: Path, card: str, name: str) -> Path | None:
 
 def read(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def write(path: str, record: dict, card: str, suffix: str = "") -> Path:
+    """JSON to ``path``; a folder gets ``<card>-<date><suffix>.json``, the name
+    ``newest_record`` looks for."""
+    target = Path(path)
+    if target.is_dir() or path.endswith("/"):
+        target = target / f"{_slug(card)}-{date.today().isoformat()}{suffix}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=2) + "\n")
+    return target

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rooflab.autograder import bench, engine, roofline
-from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, main
+from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, main
 from rooflab.autograder.device import Device
 from rooflab.autograder.problem import Cost
 from rooflab.autograder.timing import Timing
@@ -253,6 +253,9 @@ def test_the_gate_fails_the_command_on_a_real_regression_only(stand_in_gpu, tmp_
     library_only = _record(2.0, kernel="torch add")  # the library's own rows are not gated
     record.write_text(json.dumps(library_only))
     assert main(["bench", "coalescing", "--baseline", str(record)]) == EXIT_PASS
+    capsys.readouterr()
+    assert main(["bench", "coalescing", "--baseline", str(tmp_path / "none.json")]) == EXIT_USAGE
+    assert "no such record" in capsys.readouterr().err
 
 
 def test_the_newest_record_for_this_card_is_found(tmp_path):
