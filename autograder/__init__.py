@@ -10,12 +10,17 @@ machine without a GPU (in Triton's interpreter): do it at the top of a notebook 
 from . import device as _device
 
 _device.enable_interpreter_if_no_gpu()
+if not _device.current().is_gpu:  # autotuners rank configurations by predicted time
+    from .model import autotune as _autotune
 
-from . import versions as _versions  # noqa: E402
+    _autotune.rank_by_prediction()
+
+from .device import versions as _versions  # noqa: E402
 
 _versions.warn_if_broken()
 
 from .device import current as current_device  # noqa: E402
+from .device import datasheet, roofline  # noqa: E402  (the roofline helpers, by module)
 from .engine import CheckFailed, check, explore, passed  # noqa: E402
 from .grading import record as _grading_record  # noqa: E402
 from .hints import hint  # noqa: E402
@@ -37,9 +42,11 @@ __all__ = [
     "all_problems",
     "check",
     "current_device",
+    "datasheet",
     "explore",
     "get_problem",
     "hint",
     "passed",
     "register",
+    "roofline",
 ]

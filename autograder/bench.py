@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import roofline, versions
-from .device import current
+from .device import current, roofline, versions
+from .device.timing import time_gpu
 from .problem import Cost
-from .timing import time_gpu
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import bench_ranks
-from .device import _cpu_name
+from .device import cpu_name
 
 NAME = "allreduce"
 WORLD = 4
@@ -172,7 +172,7 @@ def _label(size: int) -> str:
 
 
 def table(report: Report) -> str:
-    lines = [f"{report.world} gloo ranks on {_cpu_name()} ({os.cpu_count()} cores), fp32, "
+    lines = [f"{report.world} gloo ranks on {cpu_name()} ({os.cpu_count()} cores), fp32, "
              f"1 thread a rank; median of {report.reps} runs after {report.warmup} warm-up, "
              "each run's time its slowest rank's",
              f"{'size':<10}{'collective':<26}{'median ms':>10}{'algbw GB/s':>12}"

@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import bench_ranks
-from .device import _cpu_name
+from .device import cpu_name
 
 NAME = "fsdp"
 WORLD = 4
@@ -321,7 +321,7 @@ def _report(gathered: dict[int, dict], world: int, setup: Setup, steps: int, war
 def table(report: Report) -> str:
     mib = 1 << 20
     setup, formula = report.setup, report.formula()
-    lines = [f"{report.world} gloo ranks on {_cpu_name()} ({os.cpu_count()} cores), fp32 "
+    lines = [f"{report.world} gloo ranks on {cpu_name()} ({os.cpu_count()} cores), fp32 "
              f"AdamW, 1 thread a rank; TinyTransformer {setup.label(report.world)}, "
              f"Ψ = {setup.parameters():,} parameters; median of {report.steps} steps after "
              f"{report.warmup} warm-up, each step's time its slowest rank's",

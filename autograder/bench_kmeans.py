@@ -44,7 +44,7 @@ def torch_step(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def _cuda_update(x: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
-    from .cuda import cupy_missing
+    from .device.cuda import cupy_missing
 
     if not torch.cuda.is_available() or cupy_missing():
         raise bench.NotAvailable("the CUDA C update needs a GPU and CuPy")

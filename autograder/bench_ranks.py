@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import gate, versions
-from .device import _cpu_name
+from . import gate
+from .device import cpu_name, versions
 
 # gloo's own limit on one collective: far beyond any step here, so that a deadlock shows
 # as ``run``'s report of the ranks that never finished.
@@ -117,7 +117,7 @@ def _gather(results: multiprocessing.Queue, processes: list, deadline: float,
 def machine(name: str, world: int) -> dict:
     """The head of a record: the bench, the machine its ranks ran on (this CPU), the date,
     the versions."""
-    return {"bench": name, "card": _cpu_name(), "kind": "cpu", "cores": os.cpu_count(),
+    return {"bench": name, "card": cpu_name(), "kind": "cpu", "cores": os.cpu_count(),
             "backend": "gloo", "ranks": world, "date": datetime.date.today().isoformat(),
             "versions": versions.installed()}
 
@@ -136,11 +136,11 @@ def finish(name: str, rows: Sequence, text: str, rerun: Callable[[object], Seque
     status = 0
     if baseline:
         try:
-            status = 1 if gate.regressed(rows, baseline, _cpu_name(), name, tolerance,
+            status = 1 if gate.regressed(rows, baseline, cpu_name(), name, tolerance,
                                          again) else 0
         except FileNotFoundError as error:
             print(f"rooflab bench {name}: {error}")
             status = 2
     if json_path:
-        print(f"wrote {gate.write(json_path, data(), _cpu_name(), f'-{name}')}")
+        print(f"wrote {gate.write(json_path, data(), cpu_name(), f'-{name}')}")
     return status

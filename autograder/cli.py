@@ -31,8 +31,10 @@ from pathlib import Path
 
 import torch
 
+from . import device, problem
+
 # Importing the autograder switches on the interpreter before any learner kernel exists.
-from . import datasheet, device, problem, roofline, versions
+from .device import datasheet, roofline, versions
 from .engine import check
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
@@ -176,7 +178,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, dev, measured, beside, how)
     if args.html:
-        from .plot import roofline_figure
+        from .model.plot import roofline_figure
 
         figure = roofline_figure(measured or beside, beside=beside if measured else None)
         figure.write_html(args.html, include_plotlyjs="cdn")
@@ -223,9 +225,9 @@ def _write_record(path: str, record: dict, suffix: str = "") -> None:
 def cmd_trace(args: argparse.Namespace) -> int:
     """Run a function on a problem's largest CPU case in the interpreter and print what
     each launch costs the memory system, and the prediction for a card."""
-    from . import traffic
     from .engine import _CaseRun, _largest
-    from .trace import tracing
+    from .model import traffic
+    from .model.trace import tracing
 
     if not device.interpreter_enabled():
         raise UsageError("tracing needs Triton's interpreter: run it where there is no GPU, "

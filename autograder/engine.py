@@ -19,18 +19,20 @@ from pathlib import Path
 
 import torch
 
-from . import cuda, guard, matrix_units, poison, problem, replay, roofline, traffic, versions
 from . import device as device_layer
+from . import guard, poison, problem, replay
 from .compare import Comparison
+from .device import cuda, roofline, versions
+from .device.timing import time_gpu
 from .grading import record as grading_record
+from .model import matrix_units, traffic
+from .model.trace import tracing
 from .problem import Case, Problem, dtype_name
 from .recording import Recording, recorder
 from .result import CaseResult, CheckResult, Performance
 from .time_limit import ENV as TIME_LIMIT_ENV
 from .time_limit import TimeLimitExceeded, limited
 from .time_limit import default_s as default_time_limit
-from .timing import time_gpu
-from .trace import tracing
 
 # Frames from these folders are the grader's or a library's, never the learner's bug.
 _NOT_LEARNER = [str(Path(torch.__file__).parent), str(Path(__file__).parent)]

@@ -86,11 +86,11 @@ def _roofline_figure(result: CheckResult):
     if perf is None or not perf.measured or not perf.cost.flops:
         return None  # a pure copy has no place on a FLOP/s axis; the text says it all
     try:
-        from .plot import roofline_figure
+        from .model.plot import roofline_figure
     except ImportError:
         return None
     from .device import current
-    from .roofline import datasheet_for
+    from .device.roofline import datasheet_for
 
     achieved = perf.cost.flops / perf.seconds if perf.cost.flops else 0.0
     point = (result.problem_id, perf.cost.intensity, achieved, perf.cost.dtype)

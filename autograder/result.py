@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .compare import Comparison
+from .device.roofline import Ceilings, Floor, Raise, fraction_note
+from .model.traffic import Prediction
 from .problem import Case, Cost
-from .roofline import Ceilings, Floor, Raise, fraction_note
-from .traffic import Prediction
 
 
 @dataclass

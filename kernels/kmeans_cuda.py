@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import triton
 
-from rooflab.autograder.cuda import CudaKernel
+from rooflab.autograder.device.cuda import CudaKernel
 
 # sums[label] += x[row] and counts[label] += 1, one thread per element of x.
 SCATTER_ADD = r"""

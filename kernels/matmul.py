@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from rooflab.autograder.device import interpreter_enabled
-from rooflab.autograder.timing import autotune_bench
+from rooflab.autograder.model.autotune import autotune_bench
 
 
 @triton.jit

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import triton
 
-from rooflab.autograder.cuda import CudaKernel
+from rooflab.autograder.device.cuda import CudaKernel
 
 # The kernel every mapping shares; {mapping} declares `row` and `col` from `i`.
 THREAD_PER_ELEMENT = r"""

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rooflab.autograder import bench, engine, roofline
+from rooflab.autograder import bench, engine
 from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, main
-from rooflab.autograder.device import Device
+from rooflab.autograder.device import Device, roofline
+from rooflab.autograder.device.timing import Timing
 from rooflab.autograder.problem import Cost
-from rooflab.autograder.timing import Timing
 
 
 @pytest.mark.cpu("what a CPU says instead of timing")

@@ -33,9 +33,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rooflab.autograder import roofline, traffic
-from rooflab.autograder.time_model import dot_dtype
-from rooflab.autograder.trace import tracing
+from rooflab.autograder.device import roofline
+from rooflab.autograder.model import traffic
+from rooflab.autograder.model.time_model import dot_dtype
+from rooflab.autograder.model.trace import tracing
 from rooflab.kernels import matmul, softmax, strided_copy, transpose, vector_add
 
 pytestmark = pytest.mark.cpu("traces the interpreter")

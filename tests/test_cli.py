@@ -153,8 +153,8 @@ def test_trace_prints_the_traffic_report_and_a_labelled_prediction(capsys):
 def stand_in_h200(monkeypatch, tmp_path):
     """`rooflab roofline` on a stand-in H200 with ceilings cached in a temporary folder,
     measured 2026-11-26 and raised since by a library matmul."""
-    from rooflab.autograder import device, roofline
-    from rooflab.autograder.device import Device
+    from rooflab.autograder import device
+    from rooflab.autograder.device import Device, roofline
     from rooflab.autograder.problem import Cost
 
     gpu = Device(kind="gpu", name="NVIDIA H200", torch_device="cpu", driver="13.0",
@@ -200,7 +200,7 @@ def test_roofline_on_a_gpu_says_when_and_how_it_measured(capsys, tmp_path, stand
 
 def test_roofline_remeasure_on_a_busy_card_says_it_rejected_it(capsys, monkeypatch,
                                                                stand_in_h200):
-    from rooflab.autograder import roofline
+    from rooflab.autograder.device import roofline
 
     busy = roofline.Ceilings("NVIDIA H200", "measured", 1.2e12, {"bf16": 700e12},
                              measured_at="2026-11-28T10:00:00+00:00")

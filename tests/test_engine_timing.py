@@ -7,9 +7,9 @@ what is tested is the engine's logic, not a GPU. The real thing is in the gpu-ma
 import pytest
 import torch
 
-from rooflab.autograder import Case, Cost, Levels, Problem, check, engine, roofline
-from rooflab.autograder.device import Device
-from rooflab.autograder.timing import Timing
+from rooflab.autograder import Case, Cost, Levels, Problem, check, engine
+from rooflab.autograder.device import Device, roofline
+from rooflab.autograder.device.timing import Timing
 
 N = 4096
 CEILINGS = roofline.from_datasheet("H100 SXM")

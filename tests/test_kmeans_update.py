@@ -9,9 +9,10 @@ import pytest
 import torch
 from mutants import grade
 
-from rooflab.autograder import check, cuda, get_problem
+from rooflab.autograder import check, get_problem
+from rooflab.autograder.device import cuda
+from rooflab.autograder.model.trace import tracing
 from rooflab.autograder.problems import kmeans as problems
-from rooflab.autograder.trace import tracing
 from rooflab.kernels import kmeans as km
 from rooflab.kernels.kmeans_cuda import CudaUpdate, update_cuda
 
@@ -154,7 +155,7 @@ def test_the_cuda_update_on_a_gpu():
 
 @pytest.mark.gpu
 def test_half_of_the_points_in_one_cluster_at_most_doubles_the_sorted_update():
-    from rooflab.autograder.timing import time_gpu
+    from rooflab.autograder.device.timing import time_gpu
 
     n, d, k = 1 << 22, 64, 256
     x = torch.randn(n, d, device="cuda")

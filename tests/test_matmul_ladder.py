@@ -6,9 +6,11 @@ import pytest
 import torch
 import triton
 
-from rooflab.autograder import check, cuda, matrix_units, timing
+from rooflab.autograder import check
 from rooflab.autograder.build import definition_source, solution, stub
-from rooflab.autograder.trace import tracing
+from rooflab.autograder.device import cuda
+from rooflab.autograder.model import autotune, matrix_units
+from rooflab.autograder.model.trace import tracing
 from rooflab.kernels import matmul as mm
 from rooflab.kernels.matmul_cuda import CudaMatmul, matmul_cuda_coalesced
 
@@ -88,12 +90,12 @@ def test_predicted_bench_prefers_narrow_tiles_for_skinny_problems_and_rejects_mi
     def run(**config):
         return lambda: mm.matmul(a, b, **config)
 
-    big = timing.predicted_bench(run(block_m=128, block_n=256, block_k=64, num_warps=8))
-    narrow = timing.predicted_bench(run(block_m=32, block_n=64, block_k=64))
+    big = autotune.predicted_bench(run(block_m=128, block_n=256, block_k=64, num_warps=8))
+    narrow = autotune.predicted_bench(run(block_m=32, block_n=64, block_k=64))
     assert narrow < big  # 16 programs on 16 SMs beat 4 programs with 87% padding
-    assert timing.predicted_bench(run(block_m=256, block_n=256, block_k=128,
+    assert autotune.predicted_bench(run(block_m=256, block_n=256, block_k=128,
                                       num_warps=8)) == float("inf")
-    assert timing.predicted_bench(run(block_m=32, block_n=64, block_k=64),
+    assert autotune.predicted_bench(run(block_m=32, block_n=64, block_k=64),
                                   quantiles=(0.5, 0.2, 0.8)) == [narrow] * 3
 
 
@@ -263,7 +265,7 @@ def test_the_timed_case_is_the_marked_one():
 
 
 def test_tile_rules_follow_the_target_card():
-    from rooflab.autograder import datasheet
+    from rooflab.autograder.device import datasheet
 
     assert matrix_units.rules_for(datasheet.get("H100 SXM")).shared_memory == 227 << 10
     assert matrix_units.rules_for(datasheet.get("L4")).shared_memory == 99 << 10
@@ -277,9 +279,9 @@ def test_a_tile_that_fits_a_hopper_sm_may_not_fit_an_ada_one(monkeypatch):
     def config():
         mm.matmul(a, b, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
 
-    assert timing.predicted_bench(config) < float("inf")  # 128 KiB of 227
+    assert autotune.predicted_bench(config) < float("inf")  # 128 KiB of 227
     monkeypatch.setenv("ROOFLAB_TARGET", "L4")
-    assert timing.predicted_bench(config) == float("inf")  # 128 KiB of 99
+    assert autotune.predicted_bench(config) == float("inf")  # 128 KiB of 99
 
 
 def test_grouped_order_that_ignores_the_short_last_group_fails(tmp_path):

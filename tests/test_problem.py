@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from rooflab.autograder import Case, Levels, all_problems, get_problem, register, roofline
+from rooflab.autograder import Case, Levels, all_problems, get_problem, register
+from rooflab.autograder.device import roofline
 from rooflab.autograder.problem import Problem
 
 

@@ -3,8 +3,9 @@ import re
 import pytest
 import torch
 
-from rooflab.autograder import report, roofline
+from rooflab.autograder import report
 from rooflab.autograder.compare import Comparison
+from rooflab.autograder.device import roofline
 from rooflab.autograder.problem import Case, Cost
 from rooflab.autograder.result import CaseResult, CheckResult, Performance
 
@@ -165,7 +166,7 @@ def test_worst_case_is_first_failing():
 
 def test_roofline_figure_traces():
     pytest.importorskip("plotly")
-    from rooflab.autograder.plot import roofline_figure
+    from rooflab.autograder.model.plot import roofline_figure
 
     measured = roofline.Ceilings("GPU X", "measured", 2e12, {"fp32": 5e13, "bf16": 8e14})
     beside = roofline.from_datasheet("H100 SXM")
@@ -188,7 +189,7 @@ def test_roofline_figure_traces():
 
 def test_roofline_figure_only_selected_dtypes():
     pytest.importorskip("plotly")
-    from rooflab.autograder.plot import roofline_figure
+    from rooflab.autograder.model.plot import roofline_figure
 
     fig = roofline_figure(roofline.from_datasheet("H100 SXM"), dtypes=["bf16"])
     assert len(fig.data) == 1
@@ -269,7 +270,7 @@ def test_an_ordinary_fraction_has_no_note():
 
 
 def test_the_roofline_is_drawn_through_its_ridge_exactly():
-    from rooflab.autograder.plot import roof_line, roofline_figure
+    from rooflab.autograder.model.plot import roof_line, roofline_figure
 
     sheet = roofline.from_datasheet("H100 SXM")
     ridge = sheet.flops["bf16"] / sheet.bandwidth  # 295 FLOP/byte, not a power of two

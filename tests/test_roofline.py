@@ -4,10 +4,9 @@ import time
 import pytest
 import torch
 
-from rooflab.autograder import datasheet, roofline
-from rooflab.autograder.device import Device, current
+from rooflab.autograder.device import Device, current, datasheet, roofline
+from rooflab.autograder.device.timing import Timing
 from rooflab.autograder.problem import Cost
-from rooflab.autograder.timing import Timing
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -261,7 +260,7 @@ def test_measured_ceilings_near_datasheet(gpu_cache_dir):
 def test_library_matmul_reaches_the_roofline_and_not_beyond(gpu_cache_dir):
     """4096³ is among the measured shapes: the library cannot beat the best-of ceiling by
     more than timing noise (on the first H200 run, one 8192³ timing put it at 106%)."""
-    from rooflab.autograder.timing import time_gpu
+    from rooflab.autograder.device.timing import time_gpu
 
     n = 4096
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

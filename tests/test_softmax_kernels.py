@@ -18,9 +18,9 @@ in fp32): the fp32 tolerance there is 2e-5.
 import pytest
 import torch
 
-from rooflab.autograder import datasheet
-from rooflab.autograder.trace import tracing
-from rooflab.autograder.traffic import analyze
+from rooflab.autograder.device import datasheet
+from rooflab.autograder.model.trace import tracing
+from rooflab.autograder.model.traffic import analyze
 from rooflab.kernels.softmax import (
     softmax_fused,
     softmax_naive,

@@ -4,8 +4,9 @@ GPU fast enough to pass each bar with a margin of at least 10% of the bar."""
 import pytest
 import torch
 
-from rooflab.autograder import all_problems, check, cuda
+from rooflab.autograder import all_problems, check
 from rooflab.autograder.cli import load_function
+from rooflab.autograder.device import cuda
 
 WITH_SOLUTION = [spec for spec in all_problems() if spec.solution]
 TIMED = [spec for spec in WITH_SOLUTION if spec.timed]

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rooflab.autograder import timing
+from rooflab.autograder.device import timing
 
 
 def test_cpu_stand_in_times_a_sleep_in_ms():

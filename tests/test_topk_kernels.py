@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from rooflab.autograder import guard
+from rooflab.autograder.model.trace import tracing
 from rooflab.autograder.problems.topk import expected_values, held_bytes, memory_bound
-from rooflab.autograder.trace import tracing
 from rooflab.kernels import topk
 from rooflab.kernels.topk import StreamingTopK, topk_radix, topk_rows
 

@@ -6,9 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
-from rooflab.autograder import datasheet, roofline, time_model
-from rooflab.autograder.trace import tracing
-from rooflab.autograder.traffic import analyze, predict, violations
+from rooflab.autograder.device import datasheet, roofline
+from rooflab.autograder.model import time_model
+from rooflab.autograder.model.trace import tracing
+from rooflab.autograder.model.traffic import analyze, predict, violations
 from rooflab.kernels.matmul import matmul, matmul_rows
 from rooflab.kernels.softmax import softmax_fused, softmax_naive, softmax_online
 from rooflab.kernels.strided_copy import strided_copy
@@ -229,7 +230,7 @@ def test_the_l2_model_is_an_exact_lru():
     """Stack distances, counted with arrays, against an LRU simulated one sector at a time."""
     from collections import OrderedDict
 
-    from rooflab.autograder.traffic import _lru_misses
+    from rooflab.autograder.model.traffic import _lru_misses
 
     rng = np.random.default_rng(0)
     for _ in range(300):
@@ -247,7 +248,7 @@ def test_the_l2_model_is_an_exact_lru():
 
 
 def test_compulsory_bytes_count_each_tensor_once_and_no_intermediates():
-    from rooflab.autograder.timing import compulsory_bytes
+    from rooflab.autograder.model.autotune import compulsory_bytes
 
     x = torch.randn(16, 512)
     with tracing() as tracer:
@@ -284,7 +285,7 @@ def test_per_program_bytes_form_the_grid():
 
 
 def test_pictures_show_bytes_per_program_and_one_programs_elements():
-    plot = pytest.importorskip("rooflab.autograder.plot")
+    plot = pytest.importorskip("rooflab.autograder.model.plot")
     launch = traced(transpose, torch.randn(64, 96), block=32)
     heat = plot.program_heatmap(analyze(launch, H100))
     assert heat.data[0].z.shape == (3, 2)

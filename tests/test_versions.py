@@ -1,6 +1,6 @@
 import pytest
 
-from rooflab.autograder import versions
+from rooflab.autograder.device import versions
 
 GOOD = {"python": "3.12.3", "torch": "2.13.0+cpu", "triton": "3.9.0", "numpy": "2.4.1"}
 

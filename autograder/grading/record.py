@@ -32,7 +32,7 @@ TIMERS = ["time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.t
           "torch.cuda.Event.elapsed_time", "torch.cuda.Event.record",
           "torch.cuda.Event.synchronize", "triton.testing.do_bench"]
 GRADER_MODULES = ["rooflab.autograder", "rooflab.autograder.engine",
-                  "rooflab.autograder.timing", "rooflab.autograder.result",
+                  "rooflab.autograder.device.timing", "rooflab.autograder.result",
                   "rooflab.autograder.compare", "rooflab.autograder.problem",
                   "rooflab.autograder.grading.record"]
 

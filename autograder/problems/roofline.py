@@ -291,7 +291,7 @@ def _true_time(launch, synchronize) -> float:
     if gpu is not None:
         gpu.synchronize()
         return gpu.one_run_s()
-    from ..timing import time_gpu
+    from ..device.timing import time_gpu
 
     return time_gpu(launch).median_s
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..trace import Launch
+from ..model.launch import Launch
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:

@@ -7,7 +7,7 @@ descriptors all end there), atomic read-modify-writes and compare-and-swaps. Whi
 made it, the absolute addresses of its lanes, which lanes were active, and the element
 size; lanes that point outside every tensor argument are recorded but not performed.
 A long trace need not keep its lanes: ``tracing(keep_lanes=False)`` reduces each access, as
-it happens, to the sectors and byte counts the traffic model needs (``traffic.Footprint``),
+it happens, to the sectors and byte counts the traffic model needs (``footprint.py``),
 a few bytes per sector touched instead of nine per lane.
 The builder is private to Triton and its method signatures differ between versions (3.6
 passes an eviction policy that 3.9 does not), so only the leading arguments, which all
@@ -20,67 +20,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 
-
-@dataclass
-class Access:
-    kind: str  # "load", "store" or "atomic"
-    program: int  # linear program id, x fastest (the order programs are launched in)
-    addresses: np.ndarray  # uint64, the block's shape
-    active: np.ndarray  # bool, same shape: lanes the mask let through
-    element_size: int
-
-
-@dataclass
-class TensorArg:
-    name: str
-    base: int  # address of element 0 of the view
-    extent: int  # bytes from base to one past the view's last element
-    element_size: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-    def contains(self, addresses: np.ndarray) -> np.ndarray:
-        return (addresses >= self.base) & (addresses < self.base + self.extent)
-
-
-@dataclass(frozen=True)
-class Dot:
-    """One ``tl.dot`` a program ran: (m × k) @ (k × n), its operand and accumulator types
-    (Triton's names: "fp16", "bf16", "fp32"), the precision asked for fp32 operands, and
-    whether an operand was one value repeated, zeros say (a dot for show: it multiplies
-    nothing that came from the inputs)."""
-
-    m: int
-    n: int
-    k: int
-    operand: str
-    accumulator: str
-    input_precision: str
-    constant_operand: bool = False
-
-
-@dataclass
-class Launch:
-    """One kernel launch: its grid, its tensor arguments, and every access it made."""
-
-    kernel: str
-    grid: tuple[int, int, int]
-    tensors: list[TensorArg]
-    accesses: list[Access] = field(default_factory=list)
-    dots: list[Dot] = field(default_factory=list)
-    # Integer launch arguments by name: sizes, strides, BLOCK_*, num_warps, num_stages.
-    options: dict[str, int] = field(default_factory=dict)
-    # Each access reduced to what the traffic model needs (traffic.Footprint), in the order
-    # made: filled as they happen when the lanes are not kept, else on first analysis.
-    footprints: list = field(default_factory=list)
-
-    @property
-    def programs(self) -> int:
-        return self.grid[0] * self.grid[1] * self.grid[2]
+from .footprint import footprint
+from .launch import Access, Dot, Launch, TensorArg
 
 
 def _tensor_args(names: list[str], args: tuple, kwargs: dict) -> list[TensorArg]:
@@ -170,8 +114,6 @@ class Tracer:
         if self.keep_lanes:
             self._current.accesses.append(access)
         else:
-            from .traffic import footprint
-
             self._current.footprints.append(footprint(access, self._current.tensors))
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import recording
+from .. import recording
 
 # Compile for a target every CUDA 12 and 13 NVRTC knows (virtual architecture: PTX only).
 NVRTC_ARCH = "compute_80"

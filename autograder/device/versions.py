@@ -7,7 +7,7 @@ import re
 import warnings
 from importlib import metadata
 
-from .device import interpreter_enabled
+from . import interpreter_enabled
 
 PACKAGES = ["torch", "triton", "numpy", "cupy-cuda12x", "cupy-cuda13x", "jupyterlab",
             "ipywidgets", "plotly", "nbval"]

@@ -36,9 +36,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import datasheet
-from .device import Device, current
-from .problem import Cost
+from ..problem import Cost
+from . import Device, current, datasheet
 
 if TYPE_CHECKING:
     from .timing import Timing

@@ -1,4 +1,19 @@
-"""Which world are we in: a CUDA GPU, or the CPU with Triton's interpreter.
+"""The device layer: the machine kernels run on, and what it can do.
+
+This package's own module says which world a process is in (below); its modules say the
+rest:
+
+* ``datasheet.py``: vendor figures for common cards;
+* ``roofline.py``: the ceilings measured on this card beside its datasheet, the time
+  floor of a piece of work, the roofline fraction;
+* ``timing.py``: honest timing on a GPU, and a labelled stand-in on a CPU;
+* ``versions.py``: what rooflab stands on, and the combinations known to break;
+* ``cuda.py``: CUDA C, run by CuPy on a GPU and compile-checked by NVRTC on a CPU.
+
+Everything else stands on this layer. It imports nothing of rooflab's but ``problem``
+(the ``Cost`` of a piece of work, to place it on the roofline).
+
+Which world are we in: a CUDA GPU, or the CPU with Triton's interpreter.
 
 Importing ``rooflab.autograder`` decides the mode once. Without a CUDA GPU it sets
 ``TRITON_INTERPRET=1`` so that every ``@triton.jit`` kernel defined afterwards runs in
@@ -66,7 +81,7 @@ def _cuda_driver_version() -> str:
     return "unknown"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -92,7 +107,7 @@ def current() -> Device:
             sm_count=props.multi_processor_count,
             l2_bytes=getattr(props, "L2_cache_size", 0),
         )
-    return Device(kind="cpu", name=_cpu_name(), torch_device="cpu")
+    return Device(kind="cpu", name=cpu_name(), torch_device="cpu")
 
 
 def interpreter_enabled() -> bool:
@@ -153,32 +168,11 @@ def _interpret_kernels_built_for_gpu() -> None:
     JITFunction._rooflab_interpreted = True
 
 
-def _autotune_by_prediction() -> None:
-    """``@triton.autotune`` written as Triton's tutorials write it, with no ``do_bench=``,
-    asks the GPU driver for a timer, and there is none here. In the interpreter, let such
-    an autotuner rank configurations by the traffic model's prediction instead (what
-    ``timing.autotune_bench()`` gives a kernel that asks explicitly)."""
-    from triton.runtime.autotuner import Autotuner
-
-    if getattr(Autotuner, "_rooflab_predicts", False):
-        return
-    original = Autotuner.__dict__["do_bench"]  # a property (3.6) or a cached_property (3.9)
-
-    def do_bench(self):
-        if self._do_bench is None and interpreter_enabled():
-            from .timing import predicted_bench
-
-            return predicted_bench
-        return original.__get__(self, type(self))
-
-    Autotuner.do_bench = property(do_bench)
-    Autotuner._rooflab_predicts = True
-
-
 def enable_interpreter_if_no_gpu() -> None:
     """Switch Triton to its interpreter when there is no CUDA GPU. Kernels defined before
-    that (if triton was imported first) are run in the interpreter too, with a warning;
-    autotuners with no timer of their own rank configurations by prediction."""
+    that (if triton was imported first) are run in the interpreter too, with a warning.
+    (``model.autotune.rank_by_prediction`` then gives autotuners without a timer of their
+    own the traffic model's prediction to rank configurations by.)"""
     if current().is_gpu:
         return
     triton_came_first = "triton" in sys.modules
@@ -190,7 +184,6 @@ def enable_interpreter_if_no_gpu() -> None:
         if early and not _warned:
             _warned.update(early)
             warnings.warn(too_early_message(early), RuntimeWarning, stacklevel=3)
-    _autotune_by_prediction()  # imports Triton: only now that the interpreter is on
 
 
 _warned: set[str] = set()

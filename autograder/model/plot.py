@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
-from .roofline import Ceilings
+from ..device.roofline import Ceilings
 
 Point = tuple[str, float, float, str]  # (label, FLOP/byte, achieved FLOP/s, dtype)
 

@@ -1,65 +1,22 @@
-"""Honest timing on a GPU, and a clearly labelled stand-in on the CPU.
+"""Autotuning without a GPU: rank a kernel's configurations by the predicted time.
 
-On a GPU a kernel is timed with ``triton.testing.do_bench``, which flushes L2 before each
-repetition. We ask it for the *median* (its default is the mean, which one slow outlier
-drags). The first call, with compilation and autotuning, happens before timing starts.
-Kernels of a few microseconds are dominated by launch overhead when timed one launch at a
-time, so they are re-timed by replaying a CUDA graph.
-
-On a CPU the Triton interpreter runs kernels one program at a time in Python: its wall
-time says nothing about a GPU. ``cpu_stand_in`` exists only because ``@triton.autotune``
-needs *some* timer to pick a config; its numbers must never be shown as performance.
+On a GPU ``@triton.autotune`` times each configuration with ``do_bench``. In Triton's
+interpreter there is no GPU to time, and the interpreter's own wall time would pick
+whatever interprets fastest, which says nothing about a GPU. So here a configuration's
+"time" is what the traffic model predicts for the target card: ``predicted_bench`` has
+``do_bench``'s call shape, ``autotune_bench()`` is what a kernel passes as ``do_bench=``,
+and ``rank_by_prediction()`` gives the same to autotuners that pass nothing.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import torch
-
-# Below this median a kernel is re-timed with a CUDA graph (launch overhead is ~5 µs).
-CUDA_GRAPH_BELOW_S = 20e-6
-
-
-@dataclass(frozen=True)
-class Timing:
-    median_s: float
-    method: str  # "do_bench" or "cuda graph"
-
-    @property
-    def median_us(self) -> float:
-        return self.median_s * 1e6
-
-
-def time_gpu(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
-    """Median time of ``fn()`` on the current CUDA device, in seconds."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("time_gpu needs a CUDA GPU; on a CPU there is no GPU time to measure")
-    import triton.testing
-
-    fn()  # compile, autotune and allocate outside the numbers
-    torch.cuda.synchronize()
-    median_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-    if median_ms * 1e-3 >= CUDA_GRAPH_BELOW_S:
-        return Timing(median_ms * 1e-3, "do_bench")
-    graph_ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
-    return Timing(graph_ms * 1e-3, "cuda graph")
-
-
-def cpu_stand_in(fn: Callable[[], object], warmup: int = 1, rep: int = 3, **_: object) -> float:
-    """Median wall time in ms, with ``do_bench``'s call shape, for ``@triton.autotune``'s
-    ``do_bench=`` on a CPU. Interpreter time: useful for picking among configs at most."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(rep):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+from .. import device
+from ..device import roofline
+from . import matrix_units, traffic
+from .time_model import dot_dtype
+from .trace import tracing
 
 
 def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
@@ -73,9 +30,6 @@ def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
     ``tl.dot``; a config whose tile would not fit an SM (shared memory, registers) is
     infinitely slow. Beyond that fit, ``num_stages`` and ``num_warps`` only change how many
     programs an SM holds at once."""
-    from . import matrix_units, roofline, traffic
-    from .trace import tracing
-
     with tracing(keep_lanes=False) as tracer:
         fn()
     launches = tracer.launches
@@ -85,8 +39,6 @@ def predicted_bench(fn: Callable[[], object], quantiles: tuple | None = None,
     if any(dot and matrix_units.misfits(launch, dot, rules) for launch, dot in dots):
         ms = float("inf")
     else:
-        from .time_model import dot_dtype
-
         flops = sum(2 * d.m * d.n * d.k for launch in launches for d in launch.dots)
         dtype = next((dot_dtype(d) for _, d in dots if d), "fp32")
         reports = [traffic.analyze(launch, card) for launch in launches]
@@ -120,6 +72,25 @@ def compulsory_bytes(reports: list, launches: list) -> int:
 def autotune_bench() -> Callable | None:
     """What ``@triton.autotune(do_bench=...)`` should use here: Triton's own (None) on a
     GPU, the traffic model's prediction in the interpreter."""
-    from .device import interpreter_enabled
+    return predicted_bench if device.interpreter_enabled() else None
 
-    return predicted_bench if interpreter_enabled() else None
+
+def rank_by_prediction() -> None:
+    """``@triton.autotune`` written as Triton's tutorials write it, with no ``do_bench=``,
+    asks the GPU driver for a timer, and there is none here. In the interpreter, let such
+    an autotuner rank configurations by the traffic model's prediction instead (what
+    ``autotune_bench()`` gives a kernel that asks explicitly). Imports Triton: call it once
+    the interpreter is on."""
+    from triton.runtime.autotuner import Autotuner
+
+    if getattr(Autotuner, "_rooflab_predicts", False):
+        return
+    original = Autotuner.__dict__["do_bench"]  # a property (3.6) or a cached_property (3.9)
+
+    def do_bench(self):
+        if self._do_bench is None and device.interpreter_enabled():
+            return predicted_bench
+        return original.__get__(self, type(self))
+
+    Autotuner.do_bench = property(do_bench)
+    Autotuner._rooflab_predicts = True

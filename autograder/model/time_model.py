@@ -115,7 +115,7 @@ def _peak(ceilings, dtype: str) -> float:
 def resident_programs(report, card) -> int:
     """Programs of this launch one SM holds at once: warps, the SM's program limit and,
     for a tl.dot kernel, the shared memory its pipeline stages take."""
-    from .datasheet import Card
+    from ..device.datasheet import Card
     from .matrix_units import rules_for
 
     limits = card if isinstance(card, Card) else Card("unknown", 0.0)
