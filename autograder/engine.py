@@ -20,16 +20,17 @@ from pathlib import Path
 import torch
 
 from . import device as device_layer
-from . import guard, poison, problem, replay
-from .compare import Comparison
+from . import problem
 from .device import cuda, roofline, versions
 from .device.timing import time_gpu
+from .evidence import guard, poison, replay
+from .evidence.compare import CaseResult, Comparison
+from .evidence.recording import Recording, recorder
 from .grading import record as grading_record
 from .model import matrix_units, traffic
 from .model.trace import tracing
 from .problem import Case, Problem, dtype_name
-from .recording import Recording, recorder
-from .result import CaseResult, CheckResult, Performance
+from .result import CheckResult, Performance
 from .time_limit import ENV as TIME_LIMIT_ENV
 from .time_limit import TimeLimitExceeded, limited
 from .time_limit import default_s as default_time_limit
@@ -219,7 +220,7 @@ class _CaseRun:
                ) -> CaseResult:
         """Is ``output`` the answer for these inputs? (Only the answer: ``judge`` also
         looks at what the run did to memory.)"""
-        from .compare import compare
+        from .evidence.compare import compare
 
         if spec.compare is not None:
             cause = spec.compare(output, self.reference(spec))

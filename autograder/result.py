@@ -4,36 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .compare import Comparison
 from .device.roofline import Ceilings, Floor, Raise, fraction_note
+from .evidence.compare import CaseResult
 from .model.traffic import Prediction
 from .problem import Case, Cost
-
-
-@dataclass
-class CaseResult:
-    case: Case
-    comparison: Comparison | None = None
-    error: str = ""  # what went wrong outside the comparison: an exception, modified inputs
-    advice: str = ""  # the likely cause of a wrong answer and its fix, when one shows
-    # Lines under the case: one per rank of a multi-process case (where each stood, a
-    # traceback), shown in the message and on the card.
-    details: list[str] = field(default_factory=list)
-
-    @property
-    def explained(self) -> str:
-        """The summary with the advice, for the one place the advice is shown."""
-        return f"{self.summary}; {self.advice}" if self.advice else self.summary
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.comparison is not None and self.comparison.ok
-
-    @property
-    def summary(self) -> str:
-        if self.error:
-            return self.error
-        return self.comparison.summary if self.comparison else "not run"
 
 
 @dataclass

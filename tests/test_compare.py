@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rooflab.autograder import poison
-from rooflab.autograder.compare import compare
+from rooflab.autograder.evidence import poison
+from rooflab.autograder.evidence.compare import compare
 from rooflab.autograder.problem import DEFAULT_TOLERANCES
 
 CPU = torch.device("cpu")

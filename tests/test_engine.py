@@ -6,8 +6,9 @@ import broken_kernels as bk
 import pytest
 import torch
 
-from rooflab.autograder import Case, Cost, Problem, check, poison, register
-from rooflab.autograder.recording import recorder
+from rooflab.autograder import Case, Cost, Problem, check, register
+from rooflab.autograder.evidence import poison
+from rooflab.autograder.evidence.recording import recorder
 
 
 def grade(candidate, problem="coalescing/vector_add", **kwargs):
@@ -156,6 +157,32 @@ def test_fresh_allocations_are_poisoned_while_recording():
     assert poison.unwritten_mask(like).all()
     assert poison.unwritten_mask(ints).all()
     assert torch.isnan(fresh).all()
+
+
+def test_a_cuda_c_launch_is_counted_and_logged_for_the_replay(monkeypatch):
+    """The recorder notes each call of a CudaKernel, as it notes each Triton launch: here
+    the launch itself (CuPy's, GPU only) is replaced by one that adds on the CPU."""
+    from rooflab.autograder.device.cuda import CudaKernel
+    from rooflab.autograder.evidence.recording import Recording
+
+    def launch(self, grid, block, args):
+        x, out = args
+        out.numpy()[:] = x.numpy() + 1  # not through torch: the recorder sees no op
+
+    monkeypatch.setattr(CudaKernel, "__call__", launch)
+    kernel = CudaKernel("extern \"C\" __global__ void add_one() {}", "add_one")
+    x, out = torch.zeros(4), torch.zeros(4)
+    recording = Recording()
+    with recorder(recording), recorder():  # nested: noted once, in the innermost
+        kernel((1,), (4,), (x, out))
+    with recorder(recording):
+        kernel((1,), (4,), (x, out))
+    assert recording.cuda_launches == {"add_one": 1}
+    assert [step.what for step in recording.steps] == ["add_one"]
+    x.fill_(41)
+    recording.steps[0].again()
+    assert out.tolist() == [42.0] * 4
+    assert CudaKernel.__call__ is launch  # the recorder leaves the class as it found it
 
 
 def test_empty_reusing_the_references_memory_cannot_pass():

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from rooflab.autograder import report
-from rooflab.autograder.compare import Comparison
 from rooflab.autograder.device import roofline
+from rooflab.autograder.evidence.compare import CaseResult, Comparison
 from rooflab.autograder.problem import Case, Cost
-from rooflab.autograder.result import CaseResult, CheckResult, Performance
+from rooflab.autograder.result import CheckResult, Performance
 
 CPU_MODE = "CPU (Triton interpreter): nothing timed, performance predicted"
 GPU_MODE = "GPU: NVIDIA H100 80GB HBM3"

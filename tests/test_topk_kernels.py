@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rooflab.autograder import guard
+from rooflab.autograder.evidence import guard
 from rooflab.autograder.model.trace import tracing
 from rooflab.autograder.problems.topk import expected_values, held_bytes, memory_bound
 from rooflab.kernels import topk

@@ -23,8 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import recording
-
 # Compile for a target every CUDA 12 and 13 NVRTC knows (virtual architecture: PTX only).
 NVRTC_ARCH = "compute_80"
 STUB_MARK = "YOUR CODE HERE"
@@ -135,7 +133,6 @@ class CudaKernel:
                 else:
                     converted.append(np.float32(arg))
             self._compiled(tuple(grid), tuple(block), tuple(converted))
-        recording.note_launch(self.name, again=lambda: self(grid, block, args))
 
 
 def cupy_missing() -> bool:

@@ -33,7 +33,7 @@ TIMERS = ["time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.t
           "torch.cuda.Event.synchronize", "triton.testing.do_bench"]
 GRADER_MODULES = ["rooflab.autograder", "rooflab.autograder.engine",
                   "rooflab.autograder.device.timing", "rooflab.autograder.result",
-                  "rooflab.autograder.compare", "rooflab.autograder.problem",
+                  "rooflab.autograder.evidence.compare", "rooflab.autograder.problem",
                   "rooflab.autograder.grading.record"]
 
 _noted: dict[str, int] = {}  # name -> id() of the object when the autograder was imported

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import guard, poison
-from ..compare import form_cause, unwritten_cause
 from ..device import interpreter_enabled
+from ..evidence import guard, poison
+from ..evidence.compare import form_cause, unwritten_cause
+from ..evidence.recording import paused
 from ..problem import Case, Cost, Levels, Problem, dtype_name, register
-from ..recording import paused
 from . import traced
 from .roofline import real_number
 

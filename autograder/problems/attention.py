@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..evidence.recording import paused
 from ..problem import (
     DEFAULT_TOLERANCES,
     Case,
@@ -18,7 +19,6 @@ from ..problem import (
     random_tensor,
     register,
 )
-from ..recording import paused
 from . import traced
 
 SIGNATURE = ("(q: Tensor[b, h, s, d], k: Tensor[b, h, s, d], v: Tensor[b, h, s, d], "

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..compare import Comparison, compare
+from ..evidence.compare import CaseResult, Comparison, compare
 from ..problem import (
     DEFAULT_TOLERANCES,
     EXACT,
@@ -42,7 +42,6 @@ from ..problem import (
 from ..ranks import RanksProblem
 from ..ranks.problem import world_size
 from ..ranks.record import RankLog
-from ..result import CaseResult
 from .coalescing import vector_cost, vector_inputs
 
 F32, I64, I32 = torch.float32, torch.int64, torch.int32

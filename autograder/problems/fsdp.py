@@ -31,12 +31,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..compare import Comparison
+from ..evidence.compare import CaseResult, Comparison
 from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
 from ..ranks.record import Call, Mark, RankLog
-from ..result import CaseResult
 from .roofline import real_number
 
 STEPS, BATCH, LENGTH, LR = 5, 2, 8, 1e-3  # a rank's batch: 2 sequences of 8

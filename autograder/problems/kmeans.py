@@ -11,8 +11,8 @@ import numbers
 import numpy as np
 import torch
 
-from ..compare import compare as compare_tensor
-from ..compare import form_cause, unwritten_cause
+from ..evidence.compare import compare as compare_tensor
+from ..evidence.compare import form_cause, unwritten_cause
 from ..problem import DEFAULT_TOLERANCES, EXACT, Case, Cost, Levels, Problem, register
 from . import traced
 

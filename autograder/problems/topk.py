@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import guard, poison
+from ..evidence import guard, poison
+from ..evidence.recording import paused
 from ..problem import Case, Cost, Levels, Problem, dtype_name, random_tensor, register
-from ..recording import paused
 from . import traced
 
 ROWS_SIGNATURE = ("(x: Tensor[m, n], k: int) -> (values: Tensor[m, k], indices: "

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..result import CaseResult, CheckResult
+from ..evidence.compare import CaseResult
+from ..result import CheckResult
 from ..time_limit import ENV as TIME_LIMIT_ENV
 from ..time_limit import default_s
 from . import launch, report, transport

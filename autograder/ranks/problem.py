@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..evidence.compare import CaseResult
 from ..problem import Case, Problem
-from ..result import CaseResult
 from .record import RankLog
 
 KIND = "ranks"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..device.cuda import CudaKernel
 from . import guard, poison
 
 _ALLOCATING = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
@@ -131,8 +132,8 @@ _active: list[tuple[Recording, _AtenRecorder]] = []
 
 
 def note_launch(name: str, again: Callable[[], object] | None = None) -> None:
-    """Count a CUDA C kernel launch (see cuda.CudaKernel) in the active recording, with a
-    way to launch it again for the replay."""
+    """Count a CUDA C kernel launch (a ``CudaKernel`` called) in the active recording,
+    with a way to launch it again for the replay."""
     if _active and not _active[-1][1].paused:
         recording = _active[-1][0]
         recording.cuda_launches[name] += 1
@@ -158,6 +159,28 @@ def paused() -> Iterator[None]:
         yield
     finally:
         mode.paused -= 1
+
+
+@contextlib.contextmanager
+def _cuda_launches_noted() -> Iterator[None]:
+    """Note each CUDA C launch (``CudaKernel.__call__``) in the innermost recording, as
+    each Triton launch is noted through its ``run``. Installed once, by the outermost
+    recorder."""
+    original = CudaKernel.__call__
+    if getattr(original, "_rooflab_noted", False):
+        yield
+        return
+
+    def call(self: CudaKernel, grid, block, args) -> None:
+        original(self, grid, block, args)
+        note_launch(self.name, again=lambda: original(self, grid, block, args))
+
+    call._rooflab_noted = True  # type: ignore[attr-defined]
+    CudaKernel.__call__ = call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CudaKernel.__call__ = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -201,7 +224,7 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
         autotuner.run = tune
     _active.append((recording, mode))
     try:
-        with mode:
+        with mode, _cuda_launches_noted():
             yield recording
     finally:
         _active.pop()

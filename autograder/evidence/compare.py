@@ -1,13 +1,15 @@
-"""Compare one output with the float64 reference and say precisely what is wrong."""
+"""Compare one output with the float64 reference and say precisely what is wrong; and
+what one case of a check found (``CaseResult``): that comparison, or what kept the case
+from one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..problem import Case, Tolerance, dtype_name
 from . import poison
-from .problem import Tolerance, dtype_name
 
 
 @dataclass
@@ -137,3 +139,31 @@ def compare(
             f"{got[worst].item():.6g}, expected {want[worst].item():.6g}"
         )
     return Comparison(ok, rel, max_elem, worst, cause)
+
+
+@dataclass
+class CaseResult:
+    """One case of a check: its comparison, or the error that kept it from one."""
+
+    case: Case
+    comparison: Comparison | None = None
+    error: str = ""  # what went wrong outside the comparison: an exception, modified inputs
+    advice: str = ""  # the likely cause of a wrong answer and its fix, when one shows
+    # Lines under the case: one per rank of a multi-process case (where each stood, a
+    # traceback), shown in the message and on the card.
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def explained(self) -> str:
+        """The summary with the advice, for the one place the advice is shown."""
+        return f"{self.summary}; {self.advice}" if self.advice else self.summary
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.comparison is not None and self.comparison.ok
+
+    @property
+    def summary(self) -> str:
+        if self.error:
+            return self.error
+        return self.comparison.summary if self.comparison else "not run"
