@@ -15,13 +15,12 @@ NCCL on a multi-GPU machine. The modules, in the order a check goes through them
 * ``record.py``: every torch.distributed call a rank makes (count, bytes, peer, order),
   and the one it is blocked in, logged as it happens;
 * ``report.py``: a hang or a crash in words, rank by rank;
-* ``check.py``: the cases, judged, as a CheckResult.
-
-``on_ranks(function, world, *args)`` runs any function on N ranks the same way, outside
-a check: for a lab's experiments, or a script.
+* ``check.py``: the cases, judged, as a CheckResult;
+* ``experiment.py``: ``on_ranks(function, world, *args)`` runs any function on N ranks
+  the same way, outside a check: for a lab's experiments, or a script.
 """
 
-from .launch import on_ranks
+from .experiment import on_ranks
 from .problem import KIND, RanksProblem
 
 __all__ = ["KIND", "RanksProblem", "on_ranks"]

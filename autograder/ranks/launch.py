@@ -94,36 +94,6 @@ def run(function: Callable, cases: Sequence[tuple[int, list[tuple]]], limit: flo
         shutil.rmtree(job, ignore_errors=True)
 
 
-def on_ranks(function: Callable, world: int | Sequence[int], *args: object,
-             limit: float = 60.0, preload: Sequence[str] = ()
-             ) -> list[RankRun] | list[list[RankRun]]:
-    """``function(*args)`` on every rank of a gloo group of ``world`` processes, for a
-    notebook or a script: the ranks' runs, each with ``.output`` (its answer, a tensor)
-    and ``.log`` (its torch.distributed calls). With several world sizes, one list of
-    runs for each. Raises if a rank does not return within ``limit`` seconds, with what
-    each rank was doing. ``args`` are tensors or plain numbers (torch.save'd to the
-    ranks). ``preload``: modules to import once before the ranks start, which each rank
-    would import for itself (``("torch._dynamo",)`` where the function builds an
-    optimizer: torch.optim's first one imports it, seconds a rank)."""
-    from . import report
-
-    worlds = [world] if isinstance(world, int) else list(world)
-    launched = run(function, [(n, [args] * n) for n in worlds], limit, preload=preload)
-    if launched.error:
-        raise RuntimeError(f"the ranks could not run {getattr(function, '__name__', '')}: "
-                           f"{launched.error}")
-    for case in launched.cases:
-        if case.ended != "returned":
-            files = transport.code_files(function)
-            if case.ended == "time limit":
-                error, _, details = report.hang(case, files)
-            else:
-                error, details = report.failure(case, files)
-            raise RuntimeError("\n".join([f"on {case.world} ranks: {error}", *details]))
-    runs = [case.ranks for case in launched.cases]
-    return runs[0] if isinstance(world, int) else runs
-
-
 def _run(job: Path, payload: bytes, cases, limit: float, join_limit: float,
          grace: float, preload: Sequence[str] = ()) -> Launch:
     (job / "function.pkl").write_bytes(payload)
