@@ -361,7 +361,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import build, masters
+    from .course.build import build, masters
 
     root = Path(args.root)
     if not masters(root):

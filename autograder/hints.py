@@ -9,7 +9,7 @@ place of the stub it names, ``# YOUR CODE HERE`` and ``raise NotImplementedError
 from __future__ import annotations
 
 from . import problem
-from .build import definition_source, regions
+from .course.build import definition_source, regions
 
 
 def answer(spec: problem.Problem) -> list[tuple[str, str]]:

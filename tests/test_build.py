@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rooflab.autograder import build
 from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, main
+from rooflab.autograder.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rooflab.autograder import all_problems, check, hints
-from rooflab.autograder.build import BEGIN, C_BEGIN, C_END, END
+from rooflab.autograder.course.build import BEGIN, C_BEGIN, C_END, END
 from rooflab.autograder.device import cuda
 
 WITH_ANSWER = [spec for spec in all_problems() if spec.answer_in]

@@ -7,7 +7,7 @@ import torch
 import triton
 
 from rooflab.autograder import check
-from rooflab.autograder.build import definition_source, solution, stub
+from rooflab.autograder.course.build import definition_source, solution, stub
 from rooflab.autograder.device import cuda
 from rooflab.autograder.model import autotune, matrix_units
 from rooflab.autograder.model.trace import tracing

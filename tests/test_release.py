@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rooflab.autograder.cli import EXIT_PASS, EXIT_USAGE, main
+from rooflab.autograder.course.solutions import course_solution
 from rooflab.autograder.grading.release import release, solution_lines, without_answers
-from rooflab.autograder.solutions import course_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 

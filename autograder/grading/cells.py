@@ -13,7 +13,7 @@ import copy
 import re
 from dataclasses import dataclass, field
 
-from ..build import SOLUTION_TAG
+from ..course.build import SOLUTION_TAG
 
 CHECK_TAG = "check"
 # check("lab/exercise", fn ...) in a check cell: the exercise it grades.

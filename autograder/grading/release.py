@@ -20,7 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..build import BEGIN, C_BEGIN, C_END, END, stub
+from ..course.build import BEGIN, C_BEGIN, C_END, END, stub
 
 # What a learner gets, as it is in the repository.
 AS_IS = ["README.md", "Makefile", "pyproject.toml", ".gitignore", "autograder", "ci", "labs",
