@@ -19,17 +19,18 @@ from .device import versions as _versions  # noqa: E402
 
 _versions.warn_if_broken()
 
+from .checking import handin as _handin  # noqa: E402
+from .checking.engine import CheckFailed, check, explore, passed  # noqa: E402
+from .checking.hints import hint  # noqa: E402
+from .checking.result import CheckResult  # noqa: E402
 from .device import current as current_device  # noqa: E402
 from .device import datasheet, roofline  # noqa: E402  (the roofline helpers, by module)
-from .engine import CheckFailed, check, explore, passed  # noqa: E402
-from .grading import record as _grading_record  # noqa: E402
-from .hints import hint  # noqa: E402
-from .problem import Case, Cost, Levels, Problem, Tolerance, all_problems, register  # noqa: E402
-from .problem import get as get_problem  # noqa: E402
-from .result import CheckResult  # noqa: E402
+from .problem import Case, Cost, Levels, Problem, Tolerance, register  # noqa: E402
+from .problems import all_problems  # noqa: E402
+from .problems import get as get_problem  # noqa: E402
 
 # Under `rooflab grade`: note the timers and the grader now, before any learner code.
-_grading_record.start()
+_handin.start()
 
 __all__ = [
     "Case",

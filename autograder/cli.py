@@ -19,74 +19,21 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import re
 import sys
 import textwrap
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from . import device, problem
-
 # Importing the autograder switches on the interpreter before any learner kernel exists.
+from . import device, problems
+from .checking.candidate import CandidateError, UsageError, check_target, load_function
+from .checking.engine import check
+from .checking.isolated import EXIT_FAIL, EXIT_NEEDS_GPU, EXIT_PASS, EXIT_USAGE
 from .device import datasheet, roofline, versions
-from .engine import check
-
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
-
-
-class UsageError(Exception):
-    """The command line is wrong (exit 2), as opposed to the kernel (exit 1)."""
-
-
-class CandidateError(Exception):
-    """The learner's file could not even be loaded (exit 1: their bug, not a usage error)."""
-
-
-def _where(error: BaseException) -> str:
-    """The error and the line of the learner's file that caused it."""
-    if isinstance(error, SyntaxError):
-        return f"SyntaxError: {error.msg} (line {error.lineno}: {(error.text or '').strip()})"
-    frames = traceback.extract_tb(error.__traceback__)
-    place = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
-    return f"{type(error).__name__}: {error}{place}"
-
-
-def load_function(spec: str) -> Callable:
-    """``path/to/file.py:func`` or ``package.module:func`` -> the function."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise UsageError(f"expected FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise UsageError(f"no such file: {target}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.path.insert(0, str(path.parent.resolve()))
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as error:
-            raise CandidateError(f"could not load {target}: {_where(error)}") from None
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ModuleNotFoundError as error:
-            if error.name and target.startswith(error.name):
-                raise UsageError(f"no module named {target!r}") from None
-            raise CandidateError(f"could not import {target}: {_where(error)}") from None
-        except Exception as error:
-            raise CandidateError(f"could not import {target}: {_where(error)}") from None
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise UsageError(f"{target} has no function {name!r}")
-    return function
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -106,7 +53,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    for spec in problem.all_problems():
+    for spec in problems.all_problems():
         print(f"{spec.id:<24} {spec.title}")
         print(f"{'':<24} {spec.signature}")
     return EXIT_PASS
@@ -115,12 +62,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Grade in a child process (isolated.py), unless --in-process asks for this one."""
     try:
-        spec = problem.get(args.problem)
+        spec = problems.get(args.problem)
     except KeyError as error:
         raise UsageError(error.args[0]) from None
-    _check_target(args.function)
+    check_target(args.function)
     if not args.in_process:
-        from .isolated import check_in_child
+        from .checking.isolated import check_in_child
 
         verdict = check_in_child(spec.id, args.function, seed=args.seed,
                                  time_limit=args.time_limit, verbose=args.verbose)
@@ -133,15 +80,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     if result.verdict == "NEEDS A GPU":
         return EXIT_NEEDS_GPU
     return EXIT_PASS if result.passed else EXIT_FAIL
-
-
-def _check_target(spec: str) -> None:
-    """The usage errors that need no import: a malformed target, a missing file."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise UsageError(f"expected FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
-    if target.endswith(".py") and not Path(target).is_file():
-        raise UsageError(f"no such file: {target}")
 
 
 def _print_ceilings(rows: list[roofline.Ceilings]) -> None:
@@ -225,33 +163,16 @@ def _write_record(path: str, record: dict, suffix: str = "") -> None:
 def cmd_trace(args: argparse.Namespace) -> int:
     """Run a function on a problem's largest CPU case in the interpreter and print what
     each launch costs the memory system, and the prediction for a card."""
-    from .engine import _CaseRun, _largest
-    from .model import traffic
-    from .model.trace import tracing
+    from .checking.trace_report import report
 
     if not device.interpreter_enabled():
         raise UsageError("tracing needs Triton's interpreter: run it where there is no GPU, "
                          "or with TRITON_INTERPRET=1")
     try:
-        spec = problem.get(args.problem)
+        spec = problems.get(args.problem)
     except KeyError as error:
         raise UsageError(error.args[0]) from None
-    function = load_function(args.function)
-    case = _largest([c for c in spec.cpu_cases if c.dtype is not torch.bfloat16], spec)
-    attempt = _CaseRun(spec, case, torch.Generator().manual_seed(0), torch.device("cpu"))
-    with tracing() as tracer:
-        function(*attempt.inputs)
-    ceilings, card = roofline.target(args.card)
-    print(f"{spec.id} at {case.label}, on {card.name} (L2 {card.l2_bytes >> 20} MiB, "
-          f"{card.sm_count} SMs)")
-    for launch in tracer.launches:
-        print("\n".join(traffic.analyze(launch, card).lines()))
-    cost = spec.cost(case)
-    if cost.bytes:
-        prediction = traffic.predict(tracer.launches, cost.flops, cost.bytes, cost.dtype,
-                                     ceilings, card, case.label)
-        print(prediction.line)
-        print(f"  {prediction.bottleneck}")
+    print("\n".join(report(spec, load_function(args.function), args.card)))
     return EXIT_PASS
 
 

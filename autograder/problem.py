@@ -2,7 +2,9 @@
 
 A problem says what a candidate is called with, what the right answer is, how to make
 inputs, how close is close enough, what the work costs the machine, and how close to the
-roofline counts as good. It says nothing about *how* to check: that is ``engine.py``.
+roofline counts as good. It says nothing about *how* to check: that is
+``checking/engine.py``. The course's own problems are in ``problems/``, which registers
+them here and looks them up by id.
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class Problem:
     # Traffic targets graded in the interpreter (see Structure).
     structure: Structure = field(default_factory=Structure)
     # For answers that are not tensors (a number, a word): compare(output, reference)
-    # returns "" when right, else what is wrong. Tensor answers use ``compare.py``.
+    # returns "" when right, else what is wrong. Tensor answers use ``evidence/compare.py``.
     compare: Callable[[object, object], str] | None = None
     # invoke(candidate, inputs) -> output, where calling candidate(*inputs) is not the whole
     # exercise (e.g. a backward pass: run the forward, then backward, return the gradients).
@@ -219,7 +221,7 @@ class Problem:
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None
     # Hints, a nudge then the idea; ``hint(problem_id, level)`` shows one. The last level
     # is the answer itself: the solution regions of these functions (or CUDA C sources) of
-    # the solution's module, read from kernels/ (hints.py).
+    # the solution's module, read from kernels/ (checking/hints.py).
     hints: Sequence[str] = ()
     answer_in: Sequence[str] = ()
     # False when the right answer depends on the run itself (a timer's: what the stand-in
@@ -253,22 +255,10 @@ def register(problem: Problem) -> Problem:
     return problem
 
 
-def _load_builtin() -> None:
-    from . import problems  # noqa: F401  (registers the course's problems)
-
-
-def get(problem_id: str) -> Problem:
-    _load_builtin()
-    try:
-        return _REGISTRY[problem_id]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise KeyError(f"unknown problem {problem_id!r}; known problems: {known}") from None
-
-
-def all_problems() -> list[Problem]:
-    _load_builtin()
-    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+def registered() -> dict[str, Problem]:
+    """Every problem registered so far, by id: the course's (``problems/`` registers them
+    when imported) and any a notebook added."""
+    return _REGISTRY
 
 
 def random_tensor(

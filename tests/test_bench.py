@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rooflab.autograder import bench, engine
+from rooflab.autograder import bench
+from rooflab.autograder.checking import engine
 from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, main
 from rooflab.autograder.device import Device, roofline
 from rooflab.autograder.device.timing import Timing

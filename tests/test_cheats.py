@@ -103,7 +103,7 @@ def test_the_stubs_own_raise_is_not_implemented_even_inside_a_kernel():
 
 
 def test_the_compilers_quote_of_the_stub_is_recognised():
-    from rooflab.autograder.engine import _compiler_points_at_stub
+    from rooflab.autograder.checking.engine import _compiler_points_at_stub
 
     quoted = ("at 5:4:\ndef kernel(x_ptr):\n    # YOUR CODE HERE\n    raise NotImplementedError()"
               "\n    ^\nunsupported AST node type: Raise")

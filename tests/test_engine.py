@@ -279,7 +279,7 @@ def test_guard_bands_catch_a_write_past_the_end_without_the_trace(monkeypatch):
     """As on a GPU, where nothing is traced: the poisoned margins see the write."""
     import contextlib
 
-    from rooflab.autograder import engine
+    from rooflab.autograder.checking import engine
 
     monkeypatch.setattr(engine, "_maybe_tracing", lambda: contextlib.nullcontext())
     result = grade(bk.writes_out_of_bounds)

@@ -7,7 +7,8 @@ what is tested is the engine's logic, not a GPU. The real thing is in the gpu-ma
 import pytest
 import torch
 
-from rooflab.autograder import Case, Cost, Levels, Problem, check, engine
+from rooflab.autograder import Case, Cost, Levels, Problem, check
+from rooflab.autograder.checking import engine
 from rooflab.autograder.device import Device, roofline
 from rooflab.autograder.device.timing import Timing
 

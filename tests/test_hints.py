@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rooflab.autograder import all_problems, check, hints
+from rooflab.autograder import all_problems, check
+from rooflab.autograder.checking import hints
 from rooflab.autograder.course.build import BEGIN, C_BEGIN, C_END, END
 from rooflab.autograder.device import cuda
 

@@ -244,7 +244,7 @@ def test_a_warning_is_not_a_compile_error():
 
 @needs_nvrtc
 def test_cuda_c_on_a_gpu_without_cupy_is_compiled_and_says_what_is_missing(monkeypatch):
-    from rooflab.autograder import engine
+    from rooflab.autograder.checking import engine
     from rooflab.autograder.device import Device
 
     gpu = Device(kind="gpu", name="Stand-in H100", torch_device="cpu", driver="0.0")
@@ -256,12 +256,13 @@ def test_cuda_c_on_a_gpu_without_cupy_is_compiled_and_says_what_is_missing(monke
 
 
 def test_the_timed_case_is_the_marked_one():
-    from rooflab.autograder import engine, problem
+    from rooflab.autograder import problems as problem
+    from rooflab.autograder.checking import engine
 
     spec = problem.get("matmul/autotuned")
-    assert engine._largest(spec.gpu_cases, spec).sizes == {"m": 4096, "n": 4096, "k": 4096}
+    assert engine.timed_case(spec.gpu_cases, spec).sizes == {"m": 4096, "n": 4096, "k": 4096}
     unmarked = problem.get("matmul/tiled")
-    assert engine._largest(unmarked.gpu_cases, unmarked).sizes["m"] == 4096
+    assert engine.timed_case(unmarked.gpu_cases, unmarked).sizes["m"] == 4096
 
 
 def test_tile_rules_follow_the_target_card():

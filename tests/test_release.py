@@ -60,7 +60,7 @@ def test_stubs_keep_what_a_learner_may_import():
 
 
 def test_the_last_hint_says_the_answer_is_not_in_a_release(monkeypatch):
-    from rooflab.autograder import hints
+    from rooflab.autograder.checking import hints
 
     as_released = hints.definition_source
     monkeypatch.setattr(hints, "definition_source",

@@ -3,11 +3,11 @@ import re
 import pytest
 import torch
 
-from rooflab.autograder import report
+from rooflab.autograder.checking import result as report
+from rooflab.autograder.checking.result import CheckResult, Performance
 from rooflab.autograder.device import roofline
 from rooflab.autograder.evidence.compare import CaseResult, Comparison
 from rooflab.autograder.problem import Case, Cost
-from rooflab.autograder.result import CheckResult, Performance
 
 CPU_MODE = "CPU (Triton interpreter): nothing timed, performance predicted"
 GPU_MODE = "GPU: NVIDIA H100 80GB HBM3"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rooflab.autograder import all_problems, check
-from rooflab.autograder.cli import load_function
+from rooflab.autograder.checking.candidate import load_function
 from rooflab.autograder.device import cuda
 
 WITH_SOLUTION = [spec for spec in all_problems() if spec.solution]

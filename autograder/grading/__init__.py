@@ -3,8 +3,6 @@
 * ``release.py``: ``rooflab release OUT/``, the course without its answers.
 * ``cells.py``: which cells of a submission are the learner's; every other is put back
   as the lab has it, so a deleted or edited check changes nothing.
-* ``record.py``: inside the learner's kernel, what each check leaves for the grader (its
-  answers, to be checked again outside) and whether the timers were replaced.
 * ``execute.py``: one notebook in a fresh kernel, with time limits and a memory cap; a
   crash ends an exercise, not the grading.
 * ``verdicts.py``: the grade of each exercise, decided outside the learner's process.
@@ -12,4 +10,9 @@
   shards merged.
 * ``grade.py``: ``rooflab grade SUBMISSIONS… --out DIR``, the whole class, in parallel,
   resumable, in shards.
+
+Inside the learner's kernel, each check leaves its record for the grader
+(``checking/handin.py``); ``verdicts.py`` checks its answers again with the engine's own
+``recheck``. This package sits on top, beside ``bench/``: it imports the check engine and
+everything under it, and nothing imports it but the command line.
 """

@@ -1,6 +1,6 @@
 """Which cells of a submission count: the learner's, and nothing else.
 
-The build tags every code cell that holds a solution region ``solution`` (build.py). A
+The build tags every code cell that holds a solution region ``solution`` (``course/build.py``). A
 submission keeps those cells, and any cell the learner added; every other cell (the
 set-up, the lesson's code, the checks) is put back exactly as the lab has it, matched by
 its cell id. Deleting a check, editing it to pass, or moving it changes nothing but the

@@ -12,7 +12,7 @@ ended with everything it started. Here:
 * a cell that ends the kernel (``os._exit``, a segfault, ``sys.exit`` in a thread, the
   memory cap hit in native code) is noted, and the notebook runs again from the top in a
   new kernel with that cell replaced by an error, so the exercises after it are graded;
-* every check leaves its record in ``--into``/records (record.py), and the kernel's
+* every check leaves its record in ``--into``/records (``checking/handin.py``), and the kernel's
   process id in ``--into``/kernel.pid, for the grader to end it if it must.
 """
 
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import record
+from ..checking import handin as record
 
 RESTARTS = 3  # cells that may end the kernel before the rest of the notebook is given up
 CRASHED = "CellEndedTheKernel"

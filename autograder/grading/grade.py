@@ -37,7 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import gradebook, record
+from ..checking import handin as record
+from . import gradebook
 from .cells import CHECK_TAG, exercises, restore
 from .verdicts import Grade, grade_exercises
 
@@ -120,7 +121,7 @@ def with_cell_markers(notebook: dict) -> dict:
                 "tags", []):
             source = cell["source"] if isinstance(cell["source"], str) else "".join(
                 cell["source"])
-            cell["source"] = (f'__import__("rooflab.autograder.grading.record", fromlist=["_"])'
+            cell["source"] = (f'__import__("rooflab.autograder.checking.handin", fromlist=["_"])'
                               f'.at_cell({cell["id"]!r})\n' + source)
     return notebook
 

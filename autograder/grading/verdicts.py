@@ -3,9 +3,9 @@ learner code.
 
 A notebook's own output proves nothing: a learner's code shares the kernel with ``check``
 and can print "PASS", patch the comparison, or skip the check. So an exercise passes only
-when its check cell left a record (record.py) that says so, the timers and the grader were
-not replaced before it, and every answer in that record is right when checked again here
-against this process's own reference (isolated.recheck).
+when its check cell left a record (``checking/handin.py``) that says so, the timers and
+the grader were not replaced before it, and every answer in that record is right when
+checked again here against this process's own reference (isolated.recheck).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import problem
-from ..isolated import recheck
+from .. import problems
+from ..checking.isolated import recheck
 from .cells import Exercise
 
 
@@ -93,7 +93,7 @@ def _judge(exercise: Exercise, rec: dict, outputs: Path, seconds: float, seed: i
                      "the check ran on inputs other than the grader's", seconds)
     if verdict == "PASS":
         try:
-            spec = problem.get(exercise.problem_id)
+            spec = problems.get(exercise.problem_id)
         except KeyError:
             return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
                          f"unknown problem {exercise.problem_id}", seconds)

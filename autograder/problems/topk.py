@@ -202,7 +202,7 @@ def _filled(cell) -> bool:
 def held_bytes(root: object) -> int:
     """The memory ``root`` keeps alive, counted by storage: a view of a chunk holds the
     whole storage it is a view of. The poisoned margins a check puts around every tensor
-    it allocates are not the candidate's (``guard.py``): a storage whose held views all lie
+    it allocates are not the candidate's (``evidence/guard.py``): a storage whose held views all lie
     inside such margins is counted without them."""
     storages: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     total = 0

@@ -2,7 +2,7 @@
 
 A right answer can come from the wrong algorithm: three passes where the exercise teaches
 one, a second kernel for an epilogue that should be fused, row-major order where it
-teaches grouped. In the interpreter every load and store is traced (``trace.py``); these
+teaches grouped. In the interpreter every load and store is traced (``model/trace.py``); these
 helpers read the trace for one tensor argument, so a problem's ``trace_check`` can say in
 a line what the kernel did.
 """

@@ -1,4 +1,5 @@
-"""Grading code that runs on N ranks of a process group: ``check("collectives/...", fn)``.
+"""The multi-rank harness: a learner's function run on N ranks of a process group, for
+``check("collectives/...", fn)`` and for a lab's experiments.
 
 On a CPU, and in CI, the ranks are processes on torch.distributed's gloo backend; the
 learner's code is plain torch.distributed, so it runs unchanged under ``torchrun`` with
@@ -15,9 +16,13 @@ NCCL on a multi-GPU machine. The modules, in the order a check goes through them
 * ``record.py``: every torch.distributed call a rank makes (count, bytes, peer, order),
   and the one it is blocked in, logged as it happens;
 * ``report.py``: a hang or a crash in words, rank by rank;
-* ``check.py``: the cases, judged, as a CheckResult;
 * ``experiment.py``: ``on_ranks(function, world, *args)`` runs any function on N ranks
   the same way, outside a check: for a lab's experiments, or a script.
+
+The check engine judges the cases (``checking/rank_check.py``); the problems on ranks
+(``problems/collectives.py``, ``problems/fsdp.py``) build on ``RanksProblem`` and read the
+ranks' records. The harness imports what a case's result is (``evidence/``) and what a
+problem is, nothing above them.
 """
 
 from .experiment import on_ranks

@@ -9,7 +9,7 @@ hints and the tests that walk every problem treat it like any other:
 * ``grade(case, inputs, outputs, logs)`` judges a case once every rank has returned:
   the answers (one per rank) and each rank's record of its torch.distributed calls,
   returning the case's ``CaseResult``. Hangs, crashes and exceptions never reach it:
-  ``check.py`` reports those itself, rank by rank.
+  ``checking/rank_check.py`` reports those itself, rank by rank.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ TIMERS = ["time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.t
           "time.sleep", "torch.cuda.synchronize", "torch.cuda.Event",
           "torch.cuda.Event.elapsed_time", "torch.cuda.Event.record",
           "torch.cuda.Event.synchronize", "triton.testing.do_bench"]
-GRADER_MODULES = ["rooflab.autograder", "rooflab.autograder.engine",
-                  "rooflab.autograder.device.timing", "rooflab.autograder.result",
+GRADER_MODULES = ["rooflab.autograder", "rooflab.autograder.checking.engine",
+                  "rooflab.autograder.device.timing", "rooflab.autograder.checking.result",
                   "rooflab.autograder.evidence.compare", "rooflab.autograder.problem",
-                  "rooflab.autograder.grading.record"]
+                  "rooflab.autograder.checking.handin"]
 
 _noted: dict[str, int] = {}  # name -> id() of the object when the autograder was imported
 _cell = ""
@@ -108,15 +108,12 @@ def keep(result: object) -> None:
     global _count
     if not active():
         return
-    import torch
-
-    from ..isolated import _portable
+    from . import answers
 
     into = Path(os.environ[INTO_ENV])
     _count += 1
     stem = into / f"{_count:03d}"
-    torch.save({index: _portable(output) for index, output in result.outputs.items()},
-               f"{stem}-outputs.pt")
+    answers.save(result.outputs, f"{stem}-outputs.pt")
     record = {"cell": _cell, "problem": result.problem_id, "seed": result.seed,
               "verdict": result.verdict, "line": result.line, "message": result.message(),
               "mode": result.mode, "replaced": replaced(),

@@ -4,7 +4,7 @@ For each case the engine makes fresh random inputs (inside guard bands), compute
 float64 reference, and runs the candidate while poisoning its allocations and recording
 what it calls. It then checks, in order: no write outside any tensor, inputs bit-for-bit
 unchanged, an output that is not an input in disguise, and the output itself
-(``compare.py``). On a GPU it finally times the candidate on the largest case, places it
+(``evidence/compare.py``). On a GPU it finally times the candidate on the largest case, places it
 on the measured roofline, and checks the answer again on the timed inputs.
 """
 
@@ -19,24 +19,24 @@ from pathlib import Path
 
 import torch
 
-from . import device as device_layer
-from . import problem
-from .device import cuda, roofline, versions
-from .device.timing import time_gpu
-from .evidence import guard, poison, replay
-from .evidence.compare import CaseResult, Comparison
-from .evidence.recording import Recording, recorder
-from .grading import record as grading_record
-from .model import matrix_units, traffic
-from .model.trace import tracing
-from .problem import Case, Problem, dtype_name
+from .. import device as device_layer
+from .. import problems
+from ..device import cuda, roofline, versions
+from ..device.timing import time_gpu
+from ..evidence import guard, poison, replay
+from ..evidence.compare import CaseResult, Comparison
+from ..evidence.recording import Recording, recorder
+from ..model import matrix_units, traffic
+from ..model.trace import tracing
+from ..problem import Case, Problem, dtype_name
+from . import handin
 from .result import CheckResult, Performance
 from .time_limit import ENV as TIME_LIMIT_ENV
 from .time_limit import TimeLimitExceeded, limited
 from .time_limit import default_s as default_time_limit
 
 # Frames from these folders are the grader's or a library's, never the learner's bug.
-_NOT_LEARNER = [str(Path(torch.__file__).parent), str(Path(__file__).parent)]
+_NOT_LEARNER = [str(Path(torch.__file__).parent), str(Path(__file__).parents[1])]
 try:
     import triton
 
@@ -50,7 +50,7 @@ INTERPRETER_SKIPS = {torch.bfloat16: "bf16 is graded on a GPU only: Triton's int
                                      "computes bf16 arithmetic wrongly"}
 
 
-def _new_seed() -> int:
+def new_seed() -> int:
     return int.from_bytes(os.urandom(4), "little") & 0x7FFF_FFFF
 
 
@@ -181,7 +181,7 @@ class _Runner:
         return out.view
 
 
-class _CaseRun:
+class CaseRun:
     """Everything about one run of the candidate on one case."""
 
     def __init__(self, spec: Problem, case: Case, generator: torch.Generator,
@@ -220,7 +220,7 @@ class _CaseRun:
                ) -> CaseResult:
         """Is ``output`` the answer for these inputs? (Only the answer: ``judge`` also
         looks at what the run did to memory.)"""
-        from .evidence.compare import compare
+        from ..evidence.compare import compare
 
         if spec.compare is not None:
             cause = spec.compare(output, self.reference(spec))
@@ -270,15 +270,15 @@ def check(
     Shows the result (HTML in Jupyter, one line elsewhere) and returns a CheckResult.
     Raises AssertionError, with the cause in the message, if the candidate fails.
     """
-    spec = problem.get(problem_id) if isinstance(problem_id, str) else problem_id
+    spec = problems.get(problem_id) if isinstance(problem_id, str) else problem_id
     info = device_layer.current()
     dev = torch.device(info.torch_device)
-    if grading_record.active():  # under `rooflab grade`: its seed, and answers to recheck
-        seed = grading_record.seed() if seed is None else seed
+    if handin.active():  # under `rooflab grade`: its seed, and answers to recheck
+        seed = handin.seed() if seed is None else seed
         keep_outputs = True
-    seed = _new_seed() if seed is None else seed
+    seed = new_seed() if seed is None else seed
     if spec.kernel == "ranks":  # N processes in a process group: ranks/ runs and judges them
-        from .ranks.check import check_ranks
+        from .rank_check import check_ranks
 
         return _finish(spec, check_ranks(spec, candidate, seed, time_limit, keep_outputs),
                        show, raise_on_failure)
@@ -289,7 +289,7 @@ def check(
     on_gpu = info.can_measure
     traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
     tile_findings: dict[str, list[str]] = {}  # tensor-core and fit rules -> the cases
-    replayed = False  # one passing case is run again on new inputs (replay.py)
+    replayed = False  # one passing case is run again on new inputs (evidence/replay.py)
     limit = default_time_limit() if time_limit is None else time_limit
     if spec.kernel == "cupy" and (not on_gpu or cuda.cupy_missing() or _stubbed(candidate)):
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
@@ -299,7 +299,7 @@ def check(
             result.skipped.append(f"{case.label}: {INTERPRETER_SKIPS[case.dtype]}")
             continue
         generator = torch.Generator(device=dev).manual_seed(seed + index)
-        attempt = _CaseRun(spec, case, generator, dev)
+        attempt = CaseRun(spec, case, generator, dev)
         out = run.output_buffer(case)
         tracer = None
         try:
@@ -381,7 +381,7 @@ class CheckFailed(AssertionError):
 def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bool
             ) -> CheckResult:
     _last_verdicts[spec.id] = result.passed
-    grading_record.keep(result)
+    handin.keep(result)
     if show:
         result.show()
     if raise_on_failure and result.failed and not exploring():
@@ -530,12 +530,12 @@ def _replayable(spec: Problem, output: object, recording: Recording) -> bool:
             and not recording.library_calls(spec.library_ops))
 
 
-def _replay(spec: Problem, attempt: _CaseRun, output: torch.Tensor, steps: list,
+def _replay(spec: Problem, attempt: CaseRun, output: torch.Tensor, steps: list,
             allocations: list[guard.Guarded], on_gpu: bool, dev: torch.device, seed: int,
             limit: float) -> str:
-    """Run the case's recorded steps again on new inputs (see replay.py): "" if the output
+    """Run the case's recorded steps again on new inputs (see evidence/replay.py): "" if the output
     follows, else why the answer cannot have come from the kernels."""
-    fresh = _CaseRun(spec, attempt.case, torch.Generator(device=dev).manual_seed(seed), dev)
+    fresh = CaseRun(spec, attempt.case, torch.Generator(device=dev).manual_seed(seed), dev)
     try:
         with limited(limit), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
@@ -597,7 +597,7 @@ def _tile_findings(spec: Problem, case: Case, launches: list) -> list[str]:
     return found
 
 
-def _largest(cases, spec: Problem) -> Case:
+def timed_case(cases, spec: Problem) -> Case:
     """The case to time: the one marked ``timed``, else the one that moves the most bytes."""
     marked = [case for case in cases if case.timed]
     return marked[0] if marked else max(cases, key=lambda c: spec.cost(c).bytes)
@@ -615,7 +615,7 @@ def _performance(
     if not info.can_measure or not measure:
         # Nothing is measured; say what would bound the real-size case on the default card,
         # from the cost model and the datasheet alone.
-        case = _largest(spec.gpu_cases or spec.cpu_cases, spec)
+        case = timed_case(spec.gpu_cases or spec.cpu_cases, spec)
         cost = spec.cost(case)
         ceilings = roofline.from_datasheet()
         why = "no GPU" if not info.is_gpu else ("interpreter forced" if not info.can_measure
@@ -624,13 +624,13 @@ def _performance(
                            not_measured=why)
 
     dev = torch.device(info.torch_device)
-    case = _largest(spec.gpu_cases, spec)
+    case = timed_case(spec.gpu_cases, spec)
     cost = spec.cost(case)
     ceilings = roofline.ceilings()
     floor = roofline.time_floor(cost, ceilings)
     # Fresh inputs, never seen during the correctness pass, so nothing can be replayed.
     generator = torch.Generator(device=dev).manual_seed(seed + 1_000_003)
-    attempt = _CaseRun(spec, case, generator, dev)
+    attempt = CaseRun(spec, case, generator, dev)
     out = run.output_buffer(case)  # allocated once: its poison fill is not timed
     try:
         timing = time_gpu(lambda: run(attempt.inputs, out))
@@ -669,7 +669,7 @@ def _performance(
     return perf
 
 
-def _time_baseline(spec: Problem, attempt: _CaseRun) -> tuple[str, float | None]:
+def _time_baseline(spec: Problem, attempt: CaseRun) -> tuple[str, float | None]:
     """The library call's name and median time on the timed inputs; ("", None) if none."""
     if spec.baseline is None:
         return "", None

@@ -8,11 +8,12 @@ place of the stub it names, ``# YOUR CODE HERE`` and ``raise NotImplementedError
 
 from __future__ import annotations
 
-from . import problem
-from .course.build import definition_source, regions
+from .. import problems
+from ..course.build import definition_source, regions
+from ..problem import Problem
 
 
-def answer(spec: problem.Problem) -> list[tuple[str, str]]:
+def answer(spec: Problem) -> list[tuple[str, str]]:
     """(where, code) for each stub the exercise fills, in order: where names the
     function (or CUDA C source) and, if it holds several stubs, which one."""
     if not spec.answer_in:
@@ -30,13 +31,13 @@ def answer(spec: problem.Problem) -> list[tuple[str, str]]:
     return parts
 
 
-def levels(spec: problem.Problem) -> int:
+def levels(spec: Problem) -> int:
     return len(spec.hints) + (1 if spec.answer_in else 0)
 
 
 def text(problem_id: str, level: int = 1) -> str:
     """Hint number ``level`` for a problem, as ``hint`` prints it."""
-    spec = problem.get(problem_id)
+    spec = problems.get(problem_id)
     total = levels(spec)
     if not total:
         return f"{problem_id} has no hints."

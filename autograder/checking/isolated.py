@@ -33,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from . import problem
+from .. import problems
+from ..problem import Problem
+from . import answers
 from . import time_limit as limits
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
@@ -56,14 +58,14 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
                    time_limit: float | None = None, verbose: bool = False) -> Verdict:
     """Grade ``function`` ("FILE.py:FUNC" or "module:FUNC") on ``problem_id`` in a child
     process, and check its answers again here. Raises KeyError for an unknown problem."""
-    spec = problem.get(problem_id)
-    from .engine import _new_seed
+    spec = problems.get(problem_id)
+    from .engine import new_seed
 
-    seed = _new_seed() if seed is None else seed
+    seed = new_seed() if seed is None else seed
     limit = limits.default_s() if time_limit is None else time_limit
     with tempfile.TemporaryDirectory(prefix="rooflab-check-") as into:
-        command = [sys.executable, "-m", "rooflab.autograder.isolated", problem_id, function,
-                   "--seed", str(seed), "--time-limit", str(limit), "--into", into]
+        command = [sys.executable, "-m", "rooflab.autograder.checking.isolated", problem_id,
+                   function, "--seed", str(seed), "--time-limit", str(limit), "--into", into]
         # Its own session: a time limit ends the child and anything it started.
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
         overall = limit * (len(spec.cases(_on_gpu())) + 1) + OVERHEAD_S if limit > 0 else None
@@ -92,7 +94,7 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
 
 
 def _on_gpu() -> bool:
-    from .device import current
+    from ..device import current
 
     return current().can_measure
 
@@ -120,16 +122,16 @@ def _ended_without_verdict(status: int) -> str:
             "os._exit or a crash in native code? A kernel must return its answer")
 
 
-def recheck(spec: problem.Problem, outputs_path: Path, seed: int) -> str:
+def recheck(spec: Problem, outputs_path: Path, seed: int) -> str:
     """Check every case's answer again, here, on the same inputs (same seed): "" if all
     are right, else the first that is not."""
-    from .device import current, interpreter_enabled
-    from .engine import INTERPRETER_SKIPS, _CaseRun
+    from ..device import current, interpreter_enabled
+    from .engine import INTERPRETER_SKIPS, CaseRun
 
     if not spec.deterministic_reference:
         return ""  # its answer depends on the run itself (a timer): the child's word only
     try:
-        outputs = torch.load(outputs_path, weights_only=True)
+        outputs = answers.load(outputs_path)
     except Exception:  # noqa: BLE001 (missing, corrupt or hostile: all the same here)
         return "its answers never reached the grader"
     info = current()
@@ -139,7 +141,7 @@ def recheck(spec: problem.Problem, outputs_path: Path, seed: int) -> str:
             continue
         if index not in outputs:
             return f"no answer for {case.label} reached the grader"
-        run = _CaseRun(spec, case, torch.Generator(device=dev).manual_seed(seed + index), dev)
+        run = CaseRun(spec, case, torch.Generator(device=dev).manual_seed(seed + index), dev)
         answer = run.answer(spec, outputs[index], info.can_measure, dev)
         if not answer.ok:
             return f"wrong on {case.label}: {answer.summary}"
@@ -149,7 +151,7 @@ def recheck(spec: problem.Problem, outputs_path: Path, seed: int) -> str:
 # --- the child ----------------------------------------------------------------------------
 
 def _child(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rooflab.autograder.isolated")
+    parser = argparse.ArgumentParser(prog="rooflab.autograder.checking.isolated")
     parser.add_argument("problem")
     parser.add_argument("function")
     parser.add_argument("--seed", type=int, required=True)
@@ -157,7 +159,7 @@ def _child(argv: list[str]) -> int:
     parser.add_argument("--into", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    from .cli import CandidateError, UsageError, load_function
+    from .candidate import CandidateError, UsageError, load_function
     from .engine import check
 
     try:
@@ -173,27 +175,9 @@ def _child(argv: list[str]) -> int:
     except KeyboardInterrupt:
         line = f"FAIL {args.problem}: interrupted (KeyboardInterrupt) before a verdict"
         return _write(args.into, {"verdict": "FAIL", "line": line, "message": line})
-    torch.save({index: _portable(output) for index, output in result.outputs.items()},
-               args.into / "outputs.pt")
+    answers.save(result.outputs, args.into / "outputs.pt")
     return _write(args.into, {"verdict": result.verdict, "line": result.line,
                               "message": result.message()})
-
-
-def _portable(answer: object) -> object:
-    """An answer in the types the parent loads safely (tensors, numbers, strings, and
-    tuples or lists of them): numpy becomes torch or Python, anything else its repr."""
-    import numpy as np
-
-    if isinstance(answer, torch.Tensor) or answer is None or \
-            isinstance(answer, (bool, int, float, str)):
-        return answer
-    if isinstance(answer, np.ndarray):
-        return torch.from_numpy(answer)
-    if isinstance(answer, np.generic):
-        return answer.item()
-    if isinstance(answer, (tuple, list)):
-        return type(answer)(_portable(item) for item in answer)
-    return repr(answer)
 
 
 def _write(into: Path, report: dict) -> int:

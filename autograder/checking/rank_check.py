@@ -5,7 +5,7 @@ rank, from the seed; all cases go to the ranks in one launch (``launch.py``); th
 and the call records come back, and each case is judged in this process, against the
 problem's own reference: nothing the ranks do can change the verdict on their answers.
 A case that hangs, or in which a rank raises or dies, is reported here rank by rank
-(``report.py``); one that ends with every rank returning goes to the problem's ``grade``.
+(``ranks/report.py``); one that ends with every rank returning goes to the problem's ``grade``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from collections.abc import Callable
 import torch
 
 from ..evidence.compare import CaseResult
-from ..result import CheckResult
-from ..time_limit import ENV as TIME_LIMIT_ENV
-from ..time_limit import default_s
-from . import launch, report, transport
-from .problem import RanksProblem, world_size
+from ..ranks import launch, report, transport
+from ..ranks.problem import RanksProblem, world_size
+from .result import CheckResult
+from .time_limit import ENV as TIME_LIMIT_ENV
+from .time_limit import default_s
 
 MODE = "CPU: gloo, one process per rank; nothing timed (graded on counts)"
 

@@ -1,0 +1,40 @@
+"""The answers a check keeps, saved for a grader in another process to check again.
+
+Under ``rooflab check`` (``isolated.py``) and ``rooflab grade`` (``handin.py``) every
+case's answer crosses into the grader's process as a file, which the grader loads with
+``torch.load(weights_only=True)``: that runs no code from the file, and so loads only
+tensors, numbers, strings, and tuples, lists and dicts of them. An answer is saved in
+those types: numpy becomes torch or Python, anything else its repr.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def portable(answer: object) -> object:
+    """An answer in the types the grader loads safely."""
+    import numpy as np
+
+    if isinstance(answer, torch.Tensor) or answer is None or \
+            isinstance(answer, (bool, int, float, str)):
+        return answer
+    if isinstance(answer, np.ndarray):
+        return torch.from_numpy(answer)
+    if isinstance(answer, np.generic):
+        return answer.item()
+    if isinstance(answer, (tuple, list)):
+        return type(answer)(portable(item) for item in answer)
+    return repr(answer)
+
+
+def save(outputs: dict[int, object], path: Path | str) -> None:
+    """Each case's answer, by case index, to ``path``."""
+    torch.save({index: portable(output) for index, output in outputs.items()}, path)
+
+
+def load(path: Path | str) -> dict:
+    """What ``save`` wrote (and nothing that runs code): raises if it cannot be read."""
+    return torch.load(path, weights_only=True)
