@@ -155,7 +155,7 @@ def _write_json(path: str, dev: device.Device, measured: roofline.Ceilings | Non
 
 def _write_record(path: str, record: dict, suffix: str = "") -> None:
     """Write JSON to ``path``; a folder gets ``<card>-<date><suffix>.json``."""
-    from . import gate
+    from .bench import gate
 
     print(f"wrote {gate.write(path, record, device.current().name, suffix)}")
 
@@ -199,7 +199,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _gate(args: argparse.Namespace, rows: list) -> int:
     """Compare with the recorded ratios to the library; EXIT_FAIL on a real regression."""
-    from . import bench, gate
+    from . import bench
+    from .bench import gate
 
     try:
         worse = gate.regressed(rows, args.baseline, device.current().name, args.name,

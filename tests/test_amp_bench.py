@@ -4,7 +4,7 @@ first, the compulsory bytes of each; every kernel answers as PyTorch's way does.
 import pytest
 import torch
 
-from rooflab.autograder import bench_amp
+from rooflab.autograder.bench import amp as bench_amp
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -140,12 +140,13 @@ def test_attention_workloads_count_causal_work_once_and_check_gradients():
 
 
 def test_forward_and_backward_returns_the_gradients():
+    from rooflab.autograder.bench.attention import forward_and_backward
     from rooflab.kernels.attention import attention_reference, flash_attention
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v, do = (torch.randn(1, 2, 37, 64, device=device) for _ in range(4))
-    ours = bench._forward_and_backward(flash_attention, True)(q, k, v, do)
-    reference = bench._forward_and_backward(attention_reference, True)(q, k, v, do)
+    ours = forward_and_backward(flash_attention, True)(q, k, v, do)
+    reference = forward_and_backward(attention_reference, True)(q, k, v, do)
     tol = 1e-4 if device == "cpu" else 2e-2  # fp32 dots are TF32 on a GPU
     torch.testing.assert_close(ours, reference, rtol=tol, atol=tol)
     assert ours.numel() == 3 * q.numel()
@@ -219,7 +220,7 @@ def _record(ratio, kernel="twice as slow"):
 
 
 def test_a_row_slower_than_its_record_is_timed_again_and_judged_on_its_best(stand_in_gpu):
-    from rooflab.autograder import gate
+    from rooflab.autograder.bench import gate
 
     rows = bench.run("coalescing")  # "twice as slow" runs at 0.5× the library
     retried = []
@@ -260,7 +261,7 @@ def test_the_gate_fails_the_command_on_a_real_regression_only(stand_in_gpu, tmp_
 
 
 def test_the_newest_record_for_this_card_is_found(tmp_path):
-    from rooflab.autograder import gate
+    from rooflab.autograder.bench import gate
 
     for name in ("NVIDIA-H200-2026-11-20-matmul.json", "NVIDIA-H200-2026-11-26-matmul.json",
                  "NVIDIA-H200-2026-11-27-softmax.json", "NVIDIA-H100-80GB-HBM3-2026-12-01-"

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from rooflab.autograder import bench, bench_collectives
+from rooflab.autograder import bench
+from rooflab.autograder.bench import allreduce as bench_collectives
 from rooflab.autograder.cli import EXIT_FAIL, EXIT_PASS, main
 from rooflab.kernels import collectives
 
@@ -111,10 +112,10 @@ def test_the_gate_fails_a_ring_that_fell_behind_its_record(monkeypatch, tmp_path
 
 
 def test_a_bench_on_ranks_is_registered_by_one_entry():
-    from rooflab.autograder import bench_fsdp
+    from rooflab.autograder.bench import fsdp as bench_fsdp
     from rooflab.autograder.cli import build_parser
 
-    assert bench.RANK_BENCHES["allreduce"] == "rooflab.autograder.bench_collectives:main"
+    assert bench.RANK_BENCHES["allreduce"] == "rooflab.autograder.bench.allreduce:main"
     assert bench.rank_bench("allreduce") is bench_collectives.main
     assert bench.rank_bench("fsdp") is bench_fsdp.main  # the second, one line
     assert build_parser().parse_args(["bench", "fsdp", "--json", "x/"]).name == "fsdp"

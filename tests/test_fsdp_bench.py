@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from rooflab.autograder import bench_fsdp
+from rooflab.autograder.bench import fsdp as bench_fsdp
 from rooflab.kernels.fsdp import shard_layers
 
 # dim 16, 2 blocks: a block holds 12·16² + 13·16 = 3280 parameters, Ψ = 6560. Every

@@ -4,7 +4,7 @@ costs of one read of the scores and k results; each kernel answers as torch.topk
 import pytest
 import torch
 
-from rooflab.autograder.bench_topk import topk_workloads
+from rooflab.autograder.bench.topk import topk_workloads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

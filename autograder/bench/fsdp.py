@@ -34,7 +34,7 @@ The lab's goals: the course's step at most ``GOAL``× FSDP2's, and its memory at
 ``GOAL``× FSDP2's a rank (the state held after a step plus the peak of whole parameters).
 The report says whether each holds, with the figures; as for every benchmark, the exit
 status does not depend on them. The entry point has the signature of every benchmark on
-ranks (``bench_ranks`` starts the ranks and gates and writes the record):
+ranks (``cpu_ranks`` starts the ranks and gates and writes the record):
 
     def main(*, json_path: str | None, baseline: str | None, tolerance: float) -> int
 
@@ -55,8 +55,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import bench_ranks
-from .device import cpu_name
+from ..device import cpu_name
+from . import cpu_ranks
 
 NAME = "fsdp"
 WORLD = 4
@@ -224,7 +224,7 @@ def _trainers(setup: Setup, world: int, shard: Callable) -> dict[str, tuple]:
 
 def _work(rank: int, world: int, setup: Setup, steps: int, warmup: int, seed: int,
           shard: Callable | None) -> dict:
-    """One rank's whole run (``bench_ranks.run`` has joined the group): build the three,
+    """One rank's whole run (``cpu_ranks.run`` has joined the group): build the three,
     train them in turn step by step. Its times, losses, memory and peak."""
     # Once a rank each, they would bury the table: the course's all-gather and
     # reduce-scatter by their older names, and its backward pre-hooks on blocks whose
@@ -281,7 +281,7 @@ def run(world: int = WORLD, setup: Setup = Setup(), steps: int = STEPS,  # noqa:
     if warmup < 1:
         raise ValueError("the peak is sampled on a warm-up step: warmup must be 1 or more")
     started = time.monotonic()
-    gathered = bench_ranks.run(_work, world, (setup, steps, warmup, seed, shard), limit,
+    gathered = cpu_ranks.run(_work, world, (setup, steps, warmup, seed, shard), limit,
                                "the sharding")
     return _report(gathered, world, setup, steps, warmup, time.monotonic() - started)
 
@@ -355,7 +355,7 @@ def record(report: Report) -> dict:
     """The evidence: the machine, the versions, the model, the method, every row, the
     formula, the loss check, the goals."""
     return {
-        **bench_ranks.machine(NAME, report.world),
+        **cpu_ranks.machine(NAME, report.world),
         "model": {**asdict(report.setup), "parameters": report.setup.parameters()},
         "method": (f"fp32, AdamW lr {LR:g}, 1 torch thread a rank; FSDP2 = fully_shard on "
                    "each block then the root; the three take turns step by step in a "
@@ -378,7 +378,7 @@ def main(*, json_path: str | None = None, baseline: str | None = None,
          tolerance: float = 0.05) -> int:
     """``rooflab bench fsdp``: run, print the table, gate, write the record."""
     report = run()
-    return bench_ranks.finish(
+    return cpu_ranks.finish(
         NAME, report.rows, table(report),
         lambda row: run(report.world, report.setup, report.steps, report.warmup,
                             seed=1).rows,

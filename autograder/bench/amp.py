@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .bench import Workload
-from .problem import Cost
+from ..problem import Cost
+from .workload import Workload
 
 PARAMS = 1 << 30  # about a billion parameters (or values)
 LR = 1e-5

@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..device import cpu_name, versions
 from . import gate
-from .device import cpu_name, versions
 
 # gloo's own limit on one collective: far beyond any step here, so that a deadlock shows
 # as ``run``'s report of the ranks that never finished.

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from .bench import Workload
-from .problem import Cost
+from ..problem import Cost
+from .workload import Workload
 
 
 def _values(topk):

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-from . import bench
-from .problem import Cost
+from ..problem import Cost
+from .workload import NotAvailable, Workload
 
 STEPS = [(1 << 20, 128, 1024), (1 << 22, 64, 256)]  # (n, d, k)
 UPDATE = (1 << 22, 64, 256)
@@ -44,10 +44,10 @@ def torch_step(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def _cuda_update(x: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
-    from .device.cuda import cupy_missing
+    from ..device.cuda import cupy_missing
 
     if not torch.cuda.is_available() or cupy_missing():
-        raise bench.NotAvailable("the CUDA C update needs a GPU and CuPy")
+        raise NotAvailable("the CUDA C update needs a GPU and CuPy")
     from rooflab.kernels.kmeans_cuda import update_cuda
 
     return update_cuda(x, labels, k)[0]
@@ -82,12 +82,12 @@ def _update_inputs(n: int, d: int, k: int, device: str, skewed: bool) -> Callabl
 
 
 def _workloads(device: str, steps: list[tuple[int, int, int]],
-               update: tuple[int, int, int]) -> list[bench.Workload]:
+               update: tuple[int, int, int]) -> list[Workload]:
     from rooflab.kernels.kmeans import assign, assign_naive, update_atomic, update_sorted
 
     loads = []
     for n, d, k in steps:
-        loads.append(bench.Workload(
+        loads.append(Workload(
             f"step n={n} d={d} k={k}", torch.float32, step_cost(n, d, k),
             _step_inputs(n, d, k, device),
             {"torch (cdist + argmin + index_add)": torch_step,
@@ -98,7 +98,7 @@ def _workloads(device: str, steps: list[tuple[int, int, int]],
             torch_step))
     n, d, k = update
     for skewed, label in ((False, "uniform"), (True, "half in cluster 0")):
-        loads.append(bench.Workload(
+        loads.append(Workload(
             f"update n={n} d={d} k={k} {label}", torch.float32, update_cost(n, d, k),
             _update_inputs(n, d, k, device, skewed),
             {"torch index_add": torch_update,
@@ -110,7 +110,7 @@ def _workloads(device: str, steps: list[tuple[int, int, int]],
     return loads
 
 
-def kmeans_workloads(device: str) -> list[bench.Workload]:
+def kmeans_workloads(device: str) -> list[Workload]:
     """The workloads of ``rooflab bench kmeans``: two Lloyd steps and the update on
     uniform and skewed labels, fp32, first kernel the PyTorch baseline."""
     return _workloads(device, STEPS, UPDATE)

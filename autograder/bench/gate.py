@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from .bench import Row
+from .workload import Row
 
 REPEATS = 2  # more tries for a row that looks slower than its record
 

@@ -17,7 +17,7 @@ depend on it (as for the GPU benches, a speed target is evidence, not a test). g
 all-reduce is no ring of point-to-point calls: it is one call into C++ that pipelines its
 reductions with its transfers, which a ring of ``isend``/``irecv`` in Python cannot do.
 
-The ranks are started, and the report gated and written, by ``bench_ranks``.
+The ranks are started, and the report gated and written, by ``cpu_ranks``.
 
 Use ``python -m rooflab.autograder.cli bench allreduce``, or ``run`` and ``record`` from
 Python (tests call them on tiny sizes).
@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import bench_ranks
-from .device import cpu_name
+from ..device import cpu_name
+from . import cpu_ranks
 
 NAME = "allreduce"
 WORLD = 4
@@ -99,7 +99,7 @@ def _library(x: torch.Tensor) -> torch.Tensor:
 
 def _work(rank: int, world: int, sizes: list[int], reps: int, warmup: int, seed: int,
           ring: Callable | None) -> tuple[dict, list[float]]:
-    """One rank's whole run (``bench_ranks.run`` has joined the group): at each size time
+    """One rank's whole run (``cpu_ranks.run`` has joined the group): at each size time
     both collectives on the same fresh input, run after run, and check the ring's
     answer. The times, and the ring's largest difference from the library's, each run."""
     if ring is None:
@@ -141,7 +141,7 @@ def run(world: int = WORLD, sizes: Sequence[int] = SIZES, reps: int = REPS,
     rank fails (a wrong ring answer among the causes) or the run takes over ``limit``
     seconds."""
     started = time.monotonic()
-    gathered = bench_ranks.run(_work, world, (list(sizes), reps, warmup, seed, ring), limit,
+    gathered = cpu_ranks.run(_work, world, (list(sizes), reps, warmup, seed, ring), limit,
                                "ring_allreduce")
     return _report(gathered, world, list(sizes), reps, warmup, time.monotonic() - started)
 
@@ -196,7 +196,7 @@ def record(report: Report) -> dict:
     """The evidence: the machine, the date, the versions, the method, every row, the
     check, the goal."""
     return {
-        **bench_ranks.machine(NAME, report.world),
+        **cpu_ranks.machine(NAME, report.world),
         "method": (f"fp32, 1 torch thread a rank; at each size {report.warmup} warm-up and "
                    f"{report.reps} timed runs, each on a fresh torch.randn tensor, ring and "
                    "dist.all_reduce in alternating order after a barrier; a run's time is "
@@ -214,7 +214,7 @@ def main(*, json_path: str | None = None, baseline: str | None = None,
          tolerance: float = 0.05) -> int:
     """``rooflab bench allreduce``: run, print the table, gate, write the record."""
     report = run()
-    return bench_ranks.finish(
+    return cpu_ranks.finish(
         NAME, report.rows, table(report),
         lambda row: run(report.world, [row.bytes], report.reps, report.warmup, seed=1).rows,
         lambda: record(report), json_path=json_path, baseline=baseline, tolerance=tolerance)
