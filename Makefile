@@ -43,8 +43,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile --nbval-lax --nbval-current-env \
 		$(PYTEST_ARGS) tests $(wildcard solutions)
 
+# ruff, then the autograder's layers (import-linter, the contracts in pyproject.toml): a
+# module imports only from the layers under its own, and nothing imports in a circle.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # After editing a lab master in book/: regenerate labs/ and solutions/, then commit them.
 build: $(STAMP)
@@ -93,4 +96,5 @@ gpu-bench:
 	done; exit $$status
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache book/node_modules book/_build build
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache .grimp_cache \
+		book/node_modules book/_build build
