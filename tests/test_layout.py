@@ -36,6 +36,14 @@ def kept(contract_id: str, graph) -> bool:
     return contract.check(deepcopy(graph), verbose=False).kept
 
 
+def with_import(graph, importer: str, imported: str):
+    """A copy of ``graph`` with one more import, as if ``importer`` had written it."""
+    changed = deepcopy(graph)
+    changed.add_import(importer=importer, imported=imported, line_number=1,
+                       line_contents=f"import {imported}")
+    return changed
+
+
 @pytest.mark.parametrize("contract", sorted(CONTRACTS))
 def test_the_contracts_hold(contract, graph):
     assert kept(contract, graph)
@@ -50,28 +58,21 @@ def test_the_contracts_hold(contract, graph):
     ("rooflab.autograder.bench.gate", "rooflab.autograder.grading.gradebook"),
 ])
 def test_a_back_import_breaks_the_layers(importer, imported, graph):
-    broken = deepcopy(graph)
-    broken.add_import(importer=importer, imported=imported, line_number=1,
-                      line_contents=f"import {imported}")
-    assert not kept("layers", broken)
+    assert not kept("layers", with_import(graph, importer, imported))
 
 
 def test_a_circle_inside_a_package_breaks_the_acyclic_contract(graph):
     """Layers say nothing about two modules of one package; a circle there is caught too."""
-    broken = deepcopy(graph)
-    # launch reads the runs report words: report importing launch back closes a circle
-    broken.add_import(importer="rooflab.autograder.ranks.launch",
-                      imported="rooflab.autograder.ranks.report", line_number=1,
-                      line_contents="from . import report")
+    # report words the runs launch reads back: launch importing report closes a circle
+    broken = with_import(graph, "rooflab.autograder.ranks.launch",
+                         "rooflab.autograder.ranks.report")
     assert kept("layers", broken)
     assert not kept("acyclic", broken)
 
 
 def test_two_labs_problems_must_not_know_each_other(graph):
-    broken = deepcopy(graph)
-    broken.add_import(importer="rooflab.autograder.problems.fsdp",
-                      imported="rooflab.autograder.problems.topk", line_number=1,
-                      line_contents="from . import topk")
+    broken = with_import(graph, "rooflab.autograder.problems.fsdp",
+                         "rooflab.autograder.problems.topk")
     assert not kept("labs", broken)
 
 
