@@ -31,6 +31,8 @@ from .workload import Workload
 
 PARAMS = 1 << 30  # about a billion parameters (or values)
 LR = 1e-5
+# The step both optimizers take, counted from 1: its bias corrections must be the same.
+STEP = 10
 MLP = {"d_in": 1024, "width": 4096, "depth": 8, "d_out": 1024, "batch": 8192}
 
 
@@ -50,7 +52,9 @@ class TorchAdamW:
             param.grad = torch.empty_like(param)
             self.optimizer = torch.optim.AdamW([param], lr=LR,
                                                fused=param.device.type == "cuda")
-            self.optimizer.state[param] = {"step": torch.tensor(0.0, device=param.device),
+            # AdamW counts the step it is about to take from the state's: STEP - 1 before it.
+            self.optimizer.state[param] = {"step": torch.tensor(float(STEP - 1),
+                                                                device=param.device),
                                            "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
         return self.optimizer
 
@@ -89,7 +93,7 @@ def rooflab_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
                        scale: torch.Tensor, holder: TorchAdamW) -> torch.Tensor:
     from rooflab.kernels.amp import fused_adamw
 
-    fused_adamw(param, grad, exp_avg, exp_avg_sq, param_bf16, scale, 10, lr=LR)
+    fused_adamw(param, grad, exp_avg, exp_avg_sq, param_bf16, scale, STEP, lr=LR)
     return param_bf16
 
 
