@@ -60,7 +60,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Grade in a child process (isolated.py), unless --in-process asks for this one."""
+    """Grade in a child process (checking/isolated.py), unless --in-process asks for this one."""
     try:
         spec = problems.get(args.problem)
     except KeyError as error:

@@ -13,11 +13,12 @@ This package's own module is the registry and the run; its modules:
 * one module per lab with its workloads: ``coalescing.py``, ``matmul.py``,
   ``softmax.py``, ``attention.py``, ``topk.py``, ``kmeans.py``, ``amp.py``;
 * ``gate.py``: did a course kernel get slower, relative to the library, than its record?
-* ``cpu_ranks.py``, with ``allreduce.py`` and ``fsdp.py``: the benchmarks on gloo ranks
+* ``cpu_ranks.py``, with ``collectives.py`` and ``fsdp.py``: the benchmarks on gloo ranks
   on this machine's CPU.
 
-It sits on top, beside ``grading/``: it imports the device layer, the model, what a
-problem costs and the course's kernels, and only the command line imports it.
+It sits on top, beside ``grading/``: it imports the device layer, what a piece of work
+costs (``problem.py``) and the course's kernels. Outside the package, only the command line
+imports the registry; labs 06 and 07 import their own workloads to time them in a chart.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ BENCHES: dict[str, Callable[[str], list[Workload]]] = {
 # name -> "module:function", imported only when run. Each function has the signature in
 # cpu_ranks' docstring: main(*, json_path, baseline, tolerance) -> exit status.
 RANK_BENCHES: dict[str, str] = {
-    "allreduce": "rooflab.autograder.bench.allreduce:main",
+    "allreduce": "rooflab.autograder.bench.collectives:main",
     "fsdp": "rooflab.autograder.bench.fsdp:main",
 }
 

@@ -34,15 +34,21 @@ def _where(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{place}"
 
 
-def load_function(spec: str) -> Callable:
-    """``path/to/file.py:func`` or ``package.module:func`` -> the function."""
+def check_target(spec: str) -> None:
+    """The usage errors that need no import: a malformed target, a missing file."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise UsageError(f"expected FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise UsageError(f"no such file: {target}")
+
+
+def load_function(spec: str) -> Callable:
+    """``path/to/file.py:func`` or ``package.module:func`` -> the function."""
+    check_target(spec)
+    target, _, name = spec.rpartition(":")
     if target.endswith(".py"):
         path = Path(target)
-        if not path.is_file():
-            raise UsageError(f"no such file: {target}")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
@@ -64,12 +70,3 @@ def load_function(spec: str) -> Callable:
     if not callable(function):
         raise UsageError(f"{target} has no function {name!r}")
     return function
-
-
-def check_target(spec: str) -> None:
-    """The usage errors that need no import: a malformed target, a missing file."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise UsageError(f"expected FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
-    if target.endswith(".py") and not Path(target).is_file():
-        raise UsageError(f"no such file: {target}")

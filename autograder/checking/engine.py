@@ -21,10 +21,11 @@ import torch
 
 from .. import device as device_layer
 from .. import problems
+from ..course.build import STUB_RAISE, is_stub_raise
 from ..device import cuda, roofline, versions
 from ..device.timing import time_gpu
 from ..evidence import guard, poison, replay
-from ..evidence.compare import CaseResult, Comparison
+from ..evidence.compare import CaseResult, Comparison, bits, compare
 from ..evidence.recording import Recording, recorder
 from ..model import matrix_units, traffic
 from ..model.trace import tracing
@@ -67,18 +68,11 @@ def _guard_inputs(inputs: tuple) -> tuple[tuple, list[guard.Guarded]]:
     return tuple(moved), guards
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """A view to compare bit for bit (NaN == NaN, -0.0 != 0.0)."""
-    t = t.contiguous()
-    width = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()]
-    return t.view(width) if t.dtype != torch.bool else t
-
-
 def _modified_inputs(inputs: tuple, originals: tuple) -> list[int]:
     return [
         position
         for position, (now, before) in enumerate(zip(inputs, originals, strict=True))
-        if isinstance(now, torch.Tensor) and not torch.equal(_bits(now), _bits(before))
+        if isinstance(now, torch.Tensor) and not torch.equal(bits(now), bits(before))
     ]
 
 
@@ -101,9 +95,6 @@ def _learner_frame(error: BaseException) -> str:
     return ""
 
 
-STUB_LINE = "raise NotImplementedError()"  # what `rooflab build` puts in a stub
-
-
 def _is_stub(error: BaseException) -> bool:
     """The stub's own ``raise NotImplementedError()``, and nothing else: raised directly
     from the learner's code, from inside an interpreted kernel (wrapped in the
@@ -114,7 +105,7 @@ def _is_stub(error: BaseException) -> bool:
         if isinstance(seen, NotImplementedError) and not _text(seen):
             frames = traceback.extract_tb(seen.__traceback__)
             if frames and _is_learners(frames[-1].filename) and \
-                    (frames[-1].line or "").strip() in (STUB_LINE, STUB_LINE[:-2]):
+                    is_stub_raise(frames[-1].line or ""):
                 return True
         if "CompilationError" in type(seen).__name__ and _compiler_points_at_stub(_text(seen)):
             return True
@@ -126,7 +117,7 @@ def _compiler_points_at_stub(message: str) -> bool:
     """Triton's compile errors quote the kernel's source down to the failing line, then a
     line with a caret under it: is that line the stub's raise?"""
     lines = message.splitlines()
-    return any(line.strip() == "^" and lines[i - 1].strip() == STUB_LINE
+    return any(line.strip() == "^" and lines[i - 1].strip() == STUB_RAISE
                for i, line in enumerate(lines) if i)
 
 
@@ -220,8 +211,6 @@ class CaseRun:
                ) -> CaseResult:
         """Is ``output`` the answer for these inputs? (Only the answer: ``judge`` also
         looks at what the run did to memory.)"""
-        from ..evidence.compare import compare
-
         if spec.compare is not None:
             cause = spec.compare(output, self.reference(spec))
             return CaseResult(self.case, Comparison(ok=not cause, cause=cause))

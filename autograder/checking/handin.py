@@ -5,7 +5,7 @@ The grader starts the kernel with ``ROOFLAB_GRADE_INTO`` (a folder) and
 ``ROOFLAB_GRADE_SEED`` in its environment, and puts ``at_cell("<id>")`` at the top of each
 check cell. Then every ``check`` writes, into that folder, its verdict, the performance it
 saw, and every case's answer, which the grader checks again in its own process
-(verdicts.py): a check the learner's code patched, skipped or silenced leaves no record,
+(``grading/verdicts.py``): a check the learner's code patched, skipped or silenced leaves no record,
 or answers that are wrong, and either way fails.
 
 What cannot be checked again from outside is the timing. So, when the autograder is

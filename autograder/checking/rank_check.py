@@ -1,7 +1,7 @@
 """``check`` for a problem on N ranks: run the cases in rank processes, then judge.
 
 The engine hands a ``RanksProblem`` here. Each case's inputs are made here, one set per
-rank, from the seed; all cases go to the ranks in one launch (``launch.py``); the answers
+rank, from the seed; all cases go to the ranks in one launch (``ranks/launch.py``); the answers
 and the call records come back, and each case is judged in this process, against the
 problem's own reference: nothing the ranks do can change the verdict on their answers.
 A case that hangs, or in which a rank raises or dies, is reported here rank by rank

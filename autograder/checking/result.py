@@ -1,5 +1,6 @@
 """What a check found: as data, as one text line, as a failure message, and as the card a
-notebook shows (HTML in Jupyter, the one line elsewhere)."""
+notebook shows (HTML in Jupyter, the one line elsewhere). What one case found is a
+``CaseResult`` (``evidence/compare.py``): a problem's own grading makes those too."""
 
 from __future__ import annotations
 

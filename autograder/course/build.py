@@ -157,6 +157,16 @@ def regions(source: str) -> list[str]:
     return found
 
 
+# The line a Python stub raises from. A check that sees the learner's code raise from it
+# says "not implemented yet" rather than "failed".
+STUB_RAISE = "raise NotImplementedError()"
+
+
+def is_stub_raise(line: str) -> bool:
+    """Whether a line of source is a stub's raise (with or without the brackets)."""
+    return line.strip() in (STUB_RAISE, STUB_RAISE[:-2])
+
+
 def stub(source: str) -> str:
     """The learner's version: each solution region becomes a stub at its indentation."""
     out, inside = [], False
@@ -164,7 +174,7 @@ def stub(source: str) -> str:
         stripped = line.strip()
         indent = line[: len(line) - len(line.lstrip())]
         if stripped == BEGIN:
-            out += [f"{indent}# YOUR CODE HERE", f"{indent}raise NotImplementedError()"]
+            out += [f"{indent}# YOUR CODE HERE", f"{indent}{STUB_RAISE}"]
             inside = True
         elif stripped == C_BEGIN:
             out.append(f"{indent}// YOUR CODE HERE")

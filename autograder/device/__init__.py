@@ -10,8 +10,8 @@ rest:
 * ``versions.py``: what rooflab stands on, and the combinations known to break;
 * ``cuda.py``: CUDA C, run by CuPy on a GPU and compile-checked by NVRTC on a CPU.
 
-Everything else stands on this layer. It imports nothing of rooflab's but ``problem``
-(the ``Cost`` of a piece of work, to place it on the roofline).
+The layers above stand on it (all but ``course/``, its sibling). It imports nothing of
+rooflab's but ``problem`` (the ``Cost`` of a piece of work, to place it on the roofline).
 
 Which world are we in: a CUDA GPU, or the CPU with Triton's interpreter.
 

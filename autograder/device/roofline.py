@@ -32,15 +32,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..problem import Cost
 from . import Device, current, datasheet
-
-if TYPE_CHECKING:
-    from .timing import Timing
+from .timing import Timing, time_gpu
 
 MATMUL_DTYPES = {
     "fp32": torch.float32,
@@ -367,8 +364,7 @@ def measure(device: Device | None = None, plan: Plan | None = None,
     if not device.is_gpu:
         raise RuntimeError("ceilings can only be measured on a GPU; on a CPU use "
                            "roofline.from_datasheet(card) and say that nothing was measured")
-    if timer is None:
-        from .timing import time_gpu as timer  # timing imports this module in its functions
+    timer = timer or time_gpu
     plan = plan or Plan()
     started, at = time.perf_counter(), _now()
     _warm_up(device, plan.warmup_s)

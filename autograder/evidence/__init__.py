@@ -10,5 +10,5 @@
 
 The check engine (``checking/``) gathers this evidence for every problem, and a problem
 (``problems/``) may use it for its own comparison. It imports the device layer and what a
-problem is, nothing above them.
+problem is, nothing above them; the model, beside it, is none of its business.
 """

@@ -29,6 +29,13 @@ class Comparison:
         return f"rel error {self.rel_error:.2e}, worst element {self.max_elem_error:.2e}"
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A view to compare bit for bit (NaN == NaN, -0.0 != 0.0)."""
+    t = t.contiguous()
+    width = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()]
+    return t.view(width) if t.dtype != torch.bool else t
+
+
 def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
     index = []
     for size in reversed(shape):

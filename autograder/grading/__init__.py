@@ -12,7 +12,8 @@
   resumable, in shards.
 
 Inside the learner's kernel, each check leaves its record for the grader
-(``checking/handin.py``); ``verdicts.py`` checks its answers again with the engine's own
-``recheck``. This package sits on top, beside ``bench/``: it imports the check engine and
-everything under it, and nothing imports it but the command line.
+(``checking/handin.py``); ``verdicts.py`` checks its answers again with the ``recheck`` of
+``rooflab check`` (``checking/isolated.py``). This package sits on top, beside ``bench/``:
+it imports the check engine and everything under it, and nothing imports it but the
+command line.
 """

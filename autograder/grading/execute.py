@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..checking import handin as record
+from ..checking import handin
 
 RESTARTS = 3  # cells that may end the kernel before the rest of the notebook is given up
 CRASHED = "CellEndedTheKernel"
@@ -116,7 +116,7 @@ def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
 
 def _kernel_env(into: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env[record.INTO_ENV] = str(into / "records")
+    env[handin.INTO_ENV] = str(into / "records")
     return env
 
 

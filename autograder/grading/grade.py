@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checking import handin as record
+from ..checking import handin
 from . import gradebook
 from .cells import CHECK_TAG, exercises, restore
 from .verdicts import Grade, grade_exercises
@@ -115,7 +115,7 @@ def shard(tasks: list[Task], spec: str | None) -> list[Task]:
 
 
 def with_cell_markers(notebook: dict) -> dict:
-    """Each check cell tells the record which cell it is (record.at_cell), first."""
+    """Each check cell tells the record which cell it is (handin.at_cell), first."""
     for cell in notebook["cells"]:
         if cell.get("cell_type") == "code" and CHECK_TAG in cell.get("metadata", {}).get(
                 "tags", []):
@@ -172,7 +172,7 @@ def _mode() -> str:
 def _execute(into: Path, workdir: Path, limits: Limits, seed: int) -> dict:
     """Run execute.py on ``into``/notebook.ipynb in its own session; end it, kernel and
     all, past the notebook's time limit. Returns its run.json (or what went wrong)."""
-    env = dict(os.environ, **{record.SEED_ENV: str(seed)})
+    env = dict(os.environ, **{handin.SEED_ENV: str(seed)})
     # A check's own limit per case, under the cell's, so that an endless kernel fails
     # its check with a message before the cell is interrupted.
     env.setdefault("ROOFLAB_TIME_LIMIT", str(max(5.0, limits.cell_s / 4)))

@@ -3,7 +3,7 @@ its trace in Triton's interpreter. It is the feedback a learner gets without a G
 it is always labelled a prediction.
 
 * ``trace.py`` records every access and ``tl.dot`` of the kernels a block of code
-  launches (``launch.py``: what a trace holds); ``footprint.py`` reduces an access to the
+  launches (``trace_data.py``: what a trace holds); ``footprint.py`` reduces an access to the
   sectors it touches;
 * ``traffic.py``: sector efficiency, DRAM traffic through an L2 of the card's size,
   out-of-bounds accesses and races, and the prediction for a card;
@@ -13,5 +13,6 @@ it is always labelled a prediction.
 * ``autotune.py``: ``@triton.autotune`` on a CPU, ranking configurations by prediction;
 * ``plot.py``: the roofline and the access patterns as pictures (plotly, a lab extra).
 
-It imports the device layer (the card's datasheet and ceilings) and nothing above it.
+It imports the device layer (the card's datasheet and ceilings) and nothing above it;
+the evidence a check gathers, beside it, is none of its business.
 """

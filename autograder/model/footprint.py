@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .launch import Access, Launch, TensorArg
+from .trace_data import Access, Launch, TensorArg
 
 SECTOR = 32
 WARP = 32

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .launch import Dot, Launch
+from .trace_data import Dot, Launch
 
 # Triton's launch defaults when a kernel is launched without them.
 DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES = 4, 3

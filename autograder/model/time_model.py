@@ -31,6 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..device.datasheet import Card
+from .matrix_units import rules_for
+
 # Bytes move between L2 and the SMs in 32-byte sectors; that path is faster than DRAM but
 # not free. Published microbenchmarks put Hopper's and Ampere's L2 bandwidth at roughly
 # 2-3x DRAM bandwidth: we take 2.5x (10.6 TB/s on the H200, whose 64x64-tile matmul moved
@@ -115,9 +118,6 @@ def _peak(ceilings, dtype: str) -> float:
 def resident_programs(report, card) -> int:
     """Programs of this launch one SM holds at once: warps, the SM's program limit and,
     for a tl.dot kernel, the shared memory its pipeline stages take."""
-    from ..device.datasheet import Card
-    from .matrix_units import rules_for
-
     limits = card if isinstance(card, Card) else Card("unknown", 0.0)
     per_sm = min(max(limits.warps_per_sm // max(report.num_warps, 1), 1),
                  limits.programs_per_sm)

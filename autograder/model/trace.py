@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .footprint import footprint
-from .launch import Access, Dot, Launch, TensorArg
+from .trace_data import Access, Dot, Launch, TensorArg
 
 
 def _tensor_args(names: list[str], args: tuple, kwargs: dict) -> list[TensorArg]:

@@ -33,8 +33,9 @@ import numpy as np
 from ..device.datasheet import Card
 from . import time_model
 from .footprint import SECTOR, TENSOR_SHIFT, Footprint, footprints, sorted_distinct
-from .launch import Dot, Launch
+from .matrix_units import DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, main_dot
 from .time_model import L2_OVER_DRAM, LaunchTime  # noqa: F401  (L2_OVER_DRAM: for the labs)
+from .trace_data import Dot, Launch
 
 # --- One launch -------------------------------------------------------------------------
 
@@ -134,8 +135,6 @@ def analyze(launch: Launch, card: Card, l2_bytes: int | None = None,
     """The traffic report of one launch on ``card`` (its L2 size and SM count, unless
     given: a small L2 shows at CPU sizes what a real one shows at GPU sizes). Each launch
     starts with a cold L2."""
-    from .matrix_units import DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, main_dot
-
     l2 = l2_bytes if l2_bytes is not None else card.l2_bytes
     sms = sm_count if sm_count is not None else card.sm_count
     prints = footprints(launch)

@@ -3,8 +3,8 @@ module here but the helpers is imported, so a new lab's problems need no list to
 
 A problem module says what an exercise is (``problem.py``) and may judge it with the
 evidence a check gathers (``evidence/``), on N ranks (``ranks/``), against the course's
-own kernels (``rooflab.kernels``). The engine above (``checking/``) finds a problem here
-by its id.
+own kernels (``rooflab.kernels``), from a kernel's trace (``model/``) or on the device
+(``device/``). The engine above (``checking/``) finds a problem here by its id.
 """
 
 import importlib

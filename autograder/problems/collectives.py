@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..evidence.compare import CaseResult, Comparison, compare
+from ..evidence.compare import CaseResult, Comparison, bits, compare
 from ..problem import (
     DEFAULT_TOLERANCES,
     EXACT,
@@ -125,10 +125,6 @@ def ring_sums(xs: torch.Tensor, direction: int) -> torch.Tensor:
     return sums
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
-
-
 def _stretches(masks: list[int]) -> list[int]:
     """The fewest stretches of consecutive elements that each share a start rank: for
     each, the start ranks (bit a = rank a) that explain all of it."""
@@ -165,7 +161,7 @@ def ring_order(xs: torch.Tensor, out: torch.Tensor) -> str:
     n, size = xs.shape
     findings = []
     for direction in (1, -1):
-        match = _bits(ring_sums(xs, direction)) == _bits(out)[None, :]
+        match = bits(ring_sums(xs, direction)) == bits(out)[None, :]
         unexplained = ~match.any(0)
         if bool(unexplained.any()):
             findings.append((2, int(unexplained.sum()), int(unexplained.nonzero()[0])))
@@ -311,7 +307,7 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
         first = first or seen
     assert first is not None
     for rank, out in enumerate(outputs[1:], start=1):
-        differ = _bits(out) != _bits(outputs[0])
+        differ = bits(out) != bits(outputs[0])
         if bool(differ.any()):
             return CaseResult(case, Comparison(False, cause=(
                 f"rank {rank}'s answer differs from rank 0's in {int(differ.sum())} elements "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..model.launch import Launch
+from ..model.trace_data import Launch
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:

@@ -14,12 +14,12 @@ import linecache
 import signal
 from pathlib import Path
 
+from ..course.build import is_stub_raise
 from .launch import CaseRun, RankRun
 from .record import NOT_LEARNER
 from .transport import real_file
 
 Files = dict[str, list[tuple[int, int, str]]]
-STUB_LINE = "raise NotImplementedError()"  # what `rooflab build` puts in a stub
 
 
 def place(files: Files, frame: tuple | list | None) -> str:
@@ -133,7 +133,7 @@ def is_stub(run: RankRun, files: Files) -> bool:
     if not frames:
         return False
     line = linecache.getline(real_file(files, *frames[-1]), frames[-1][1]).strip()
-    return line in (STUB_LINE, STUB_LINE[:-2])
+    return is_stub_raise(line)
 
 
 def hang(case: CaseRun, files: Files) -> tuple[str, str, list[str]]:
