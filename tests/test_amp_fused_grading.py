@@ -13,7 +13,7 @@ import triton.language as tl
 from mutants import grade, only
 
 from rooflab.autograder import get_problem
-from rooflab.autograder.problems import amp as problems
+from rooflab.autograder.problems.amp import adamw, fp8
 from rooflab.kernels import amp
 
 FIRST = "the first step: bias corrections at their largest"
@@ -118,7 +118,7 @@ def adamw_one_pass(param, grad, exp_avg, exp_avg_sq, param_bf16, scale, step, lr
 
 
 def test_one_pass_that_checks_only_its_own_block_is_named():
-    result = grade(only("amp/fused_adamw", problems.INF_LAST), adamw_one_pass)
+    result = grade(only("amp/fused_adamw", adamw.INF_LAST), adamw_one_pass)
     assert not result.passed
     assert "all before the first non-finite gradient" in result.causes[0], result.causes[0]
     assert "check the whole gradient first" in result.causes[0]
@@ -135,7 +135,7 @@ ADAMW_SLIPS = [
      "without bias correction"),
     ("eps inside", [("m / (tl.sqrt(v) / bias2_sqrt + eps)",
                      "m / tl.sqrt(v / (bias2_sqrt * bias2_sqrt) + eps)")],
-     problems.SMALL_GRADS, "eps goes outside the square root"),
+     adamw.SMALL_GRADS, "eps goes outside the square root"),
     ("no decay", [("        w = w * decay - step_size", "        w = w - step_size")], FIRST,
      "the weight decay is missing"),
     ("L2", [("        m = beta1 * m + (1 - beta1) * g\n",
@@ -143,7 +143,7 @@ ADAMW_SLIPS = [
             ("        w = w * decay - step_size", "        w = w - step_size")], FIRST,
      "Adam with L2"),
     ("NaN missed", [("bad = (g != g) | (tl.abs(g) > 3.4028234663852886e38)",
-                     "bad = tl.abs(g) > 3.4028234663852886e38")], problems.NAN_FIRST,
+                     "bad = tl.abs(g) > 3.4028234663852886e38")], adamw.NAN_FIRST,
      "x != x finds it"),
 ]
 
@@ -179,7 +179,7 @@ def test_a_bf16_copy_stored_as_a_float_rounds_on_a_gpu(tmp_path):
 def test_a_plain_store_of_the_flag_from_many_programs_is_a_race(tmp_path):
     mutant = _mutant(tmp_path, ("        tl.atomic_max(found_ptr, 1.0)\n",
                                 "        tl.store(found_ptr + 0 * bad, 1.0)\n"))
-    result = grade(only("amp/fused_adamw", problems.EVERYWHERE), mutant.fused_adamw)
+    result = grade(only("amp/fused_adamw", adamw.EVERYWHERE), mutant.fused_adamw)
     if torch.cuda.is_available():
         assert result.passed  # the GPU has no race detector: all stores write 1.0
     else:
@@ -227,7 +227,7 @@ def test_an_fp32_copy_of_the_gradient_moves_too_many_bytes():
         return amp.fused_adamw(param, unscaled, exp_avg, exp_avg_sq, param_bf16, one, step,
                                *hyper)
 
-    result = grade(only("amp/fused_adamw", problems.ADAMW_TRAFFIC), three_passes)
+    result = grade(only("amp/fused_adamw", adamw.ADAMW_TRAFFIC), three_passes)
     assert not result.passed
     assert "bytes a parameter, more than the 30" in result.causes[0], result.causes[0]
 
@@ -262,15 +262,15 @@ def test_the_adamw_cases_use_every_argument():
             assert len({case.sizes.get(name) for case in cases}) >= 2, name
         assert 0.0 in {case.sizes.get("weight_decay") for case in cases}
         notes = {case.note for case in cases}
-        assert {problems.INF_LAST, problems.NAN_FIRST, problems.NEG_INF,
-                problems.EVERYWHERE} <= notes
+        assert {adamw.INF_LAST, adamw.NAN_FIRST, adamw.NEG_INF,
+                adamw.EVERYWHERE} <= notes
         assert any(case.sizes["n"] < 1024 for case in cases)
         assert sum(case.timed for case in cases) <= 1
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_adamw_verdicts_do_not_depend_on_the_seed(seed):
-    spec = only("amp/fused_adamw", problems.INF_LAST, problems.SMALL_GRADS)
+    spec = only("amp/fused_adamw", adamw.INF_LAST, adamw.SMALL_GRADS)
     assert "all before the first non-finite gradient" in grade(spec, adamw_one_pass,
                                                                seed=seed).causes[0]
     assert grade(spec, amp.fused_adamw, seed=seed).passed
@@ -317,13 +317,13 @@ FP8_STORE = "    tl.store(q_ptr + offsets, e4m3_bits(x * tl.load(scale_ptr)), ma
 FP8_AMAX = "    tl.atomic_max(amax_ptr, tl.max(tl.abs(x), axis=0))\n"
 FP8_SLIPS = [
     ("divided", [(FP8_STORE, FP8_STORE.replace("x * tl.load", "x / tl.load"))],
-     problems.DELAYED, "x was divided by the scale"),
+     fp8.DELAYED, "x was divided by the scale"),
     ("scaled amax", [(FP8_AMAX, "    tl.atomic_max(amax_ptr, tl.max(tl.abs(x * "
                                 "tl.load(scale_ptr)), axis=0))\n")],
-     problems.DELAYED, "the amax of the scaled values"),
+     fp8.DELAYED, "the amax of the scaled values"),
     ("last block's amax", [(FP8_AMAX, "    if tl.program_id(0) == tl.num_programs(0) - 1:\n"
                                       "        tl.store(amax_ptr, tl.max(tl.abs(x), axis=0))\n")],
-     problems.OUTLIERS, "it misses some elements"),
+     fp8.OUTLIERS, "it misses some elements"),
 ]
 
 
@@ -343,7 +343,7 @@ TRITON_CONVERSION = [(FP8_STORE, "    tl.store(q_ptr + offsets, (x * tl.load(sca
 def test_triton_s_conversion_is_wrong_in_the_interpreter_and_the_check_says_so(tmp_path):
     mutant = _mutant(tmp_path, *TRITON_CONVERSION)
     for seed in range(20):  # whether or not the draw holds exact ties
-        result = grade(only("amp/fp8_quantize", problems.CURRENT), mutant.fp8_quantize,
+        result = grade(only("amp/fp8_quantize", fp8.CURRENT), mutant.fp8_quantize,
                        seed=seed)
         assert not result.passed
         assert "Triton's interpreter's conversion" in result.causes[0], (seed, result.causes)
@@ -360,7 +360,7 @@ def test_the_pytorch_fp8_path_is_a_library_call():
         return (x.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn), \
             x.abs().max().float().reshape(1)
 
-    result = grade(only("amp/fp8_quantize", problems.CURRENT), torch_path)
+    result = grade(only("amp/fp8_quantize", fp8.CURRENT), torch_path)
     assert not result.passed and "calls the library" in result.causes[-1]
 
 
@@ -370,7 +370,7 @@ def test_current_scaling_reads_x_twice_and_fails_the_one_read():
         _, amax = amp.fp8_quantize(x, scale)  # a first pass for this tensor's own amax
         return amp.fp8_quantize(x, scale)[0], amax
 
-    result = grade(only("amp/fp8_quantize", problems.FP8_TRAFFIC), current_scaling)
+    result = grade(only("amp/fp8_quantize", fp8.FP8_TRAFFIC), current_scaling)
     assert not result.passed
     assert "reads x 2.0 times" in result.causes[0], result.causes[0]
 
@@ -379,10 +379,10 @@ def test_the_fp8_cases_saturate_use_subnormals_and_signed_zeros():
     spec = get_problem("amp/fp8_quantize")
     for cases in (spec.cpu_cases, spec.gpu_cases):
         notes = {case.note for case in cases}
-        assert {problems.DELAYED, problems.CURRENT, problems.TINY_SCALE} <= notes
+        assert {fp8.DELAYED, fp8.CURRENT, fp8.TINY_SCALE} <= notes
         assert any("m" in case.sizes for case in cases)  # a matrix
     generator = torch.Generator().manual_seed(0)
-    x, scale = spec.make_inputs(next(c for c in spec.cpu_cases if c.note == problems.DELAYED),
+    x, scale = spec.make_inputs(next(c for c in spec.cpu_cases if c.note == fp8.DELAYED),
                                 generator, torch.device("cpu"))
     assert float((x.float() * scale).abs().max()) > 448  # some values saturate
     assert torch.equal(x.view(-1)[:2].view(torch.int16),
@@ -397,7 +397,7 @@ def scaled_amax(tmp_path_factory):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_fp8_verdicts_do_not_depend_on_the_seed(seed, scaled_amax):
-    spec = only("amp/fp8_quantize", problems.DELAYED, problems.TINY_SCALE)
+    spec = only("amp/fp8_quantize", fp8.DELAYED, fp8.TINY_SCALE)
     assert "the amax of the scaled values" in grade(spec, scaled_amax.fp8_quantize,
                                                     seed=seed).causes[0]
     assert grade(spec, amp.fp8_quantize, seed=seed).passed

@@ -17,7 +17,7 @@ import triton.language as tl
 from mutants import grade, only
 
 from rooflab.autograder import get_problem
-from rooflab.autograder.problems import amp as problems
+from rooflab.autograder.problems.amp import formats, scaling
 from rooflab.kernels import amp
 
 
@@ -76,7 +76,7 @@ def test_bf16_rounding_written_another_way_passes():
 ], ids=["truncation", "ties away from zero", "NaN lost"])
 def test_the_classic_rounding_slips_are_named(tmp_path, edits, words):
     mutant = _mutant(tmp_path, *edits)
-    result = grade(only("amp/bf16_round", problems.SPECIAL), mutant.bf16_round)
+    result = grade(only("amp/bf16_round", formats.SPECIAL), mutant.bf16_round)
     assert not result.passed
     assert words in result.causes[0], result.causes[0]
 
@@ -141,9 +141,9 @@ def truncating(tmp_path_factory):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_rounding_verdicts_do_not_depend_on_the_seed(seed, truncating):
-    result = grade(only("amp/bf16_round", problems.SPECIAL), truncating.bf16_round, seed=seed)
+    result = grade(only("amp/bf16_round", formats.SPECIAL), truncating.bf16_round, seed=seed)
     assert "truncates toward zero" in result.causes[0]
-    assert grade(only("amp/bf16_round", problems.SPECIAL), amp.bf16_round, seed=seed).passed
+    assert grade(only("amp/bf16_round", formats.SPECIAL), amp.bf16_round, seed=seed).passed
 
 
 # --- amp/underflow ---------------------------------------------------------------------------
@@ -166,13 +166,13 @@ def test_fractions_from_thresholds_pass():
 @pytest.mark.parametrize("candidate, notes, words", [
     (lambda g, s: amp.fp16_fate(g, 1.0), ("GradScaler's initial scale",), "without the scale"),
     (lambda g, s: (float((((g * s).half() == 0)).float().mean()),
-                   *amp.fp16_fate(g, s)[1:]), (problems.BOUNDARIES,),
+                   *amp.fp16_fate(g, s)[1:]), (formats.BOUNDARIES,),
      "includes elements that were zero already"),
     (lambda g, s: (float(((g * s).abs() < 2.0**-24).float().mean()
                          - (g == 0).float().mean()),
                    float((((g * s).abs() >= 2.0**-24)
                           & ((g * s).abs() < 2.0**-14 - 2.0**-25)).float().mean()),
-                   amp.fp16_fate(g, s)[2]), (problems.BOUNDARIES,),
+                   amp.fp16_fate(g, s)[2]), (formats.BOUNDARIES,),
      "round up to fp16's smallest subnormal"),
 ], ids=["no scale", "zeros counted", "2^-24 as the edge"])
 def test_the_classic_counting_slips_are_named(candidate, notes, words):
@@ -250,7 +250,7 @@ SCALER_SLIPS = [
      "infs and NaNs at random", "after a skipped step the scale backs off"),
     ("float64", [("            self._scale = _fp32(self._scale * self.backoff_factor)\n",
                   "            self._scale = self._scale * self.backoff_factor\n")],
-     problems.BURSTS, "keeps the scale in fp32"),
+     scaling.BURSTS, "keeps the scale in fp32"),
     ("inf growth", [("if math.isfinite(grown):", "if True:")],
      "a scale near fp32's largest number", "past fp32's largest number"),
     ("no unscale", [("                    p.grad.mul_(inverse)\n", "")],
@@ -290,7 +290,7 @@ def test_the_scaler_cases_use_every_argument_and_the_defaults():
     for name in ("init_scale", "growth_factor", "backoff_factor", "growth_interval"):
         values = {case.sizes.get(name) for case in cases}
         assert None in values and len(values) >= 3, name  # the default, and two others
-    defaults = next(c for c in cases if c.note == problems.DEFAULTS)
+    defaults = next(c for c in cases if c.note == scaling.DEFAULTS)
     assert defaults.sizes["steps"] > 2000  # a growth at 2000 good steps
 
 
@@ -302,7 +302,7 @@ def misses_nan(tmp_path_factory):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_scaler_verdicts_do_not_depend_on_the_seed(seed, misses_nan):
-    spec = only("amp/loss_scaler", "infs and NaNs at random", problems.BURSTS)
+    spec = only("amp/loss_scaler", "infs and NaNs at random", scaling.BURSTS)
     result = grade(spec, misses_nan.LossScaler, seed=seed)
     assert "misses NaN" in result.causes[0]
     assert grade(spec, amp.LossScaler, seed=seed).passed
@@ -341,17 +341,17 @@ def test_a_training_step_written_another_way_passes():
 
 TRAIN_SLIPS = [
     ("no autocast", [("enabled=dtype != torch.float32)", "enabled=False)")],
-     problems.IN_BF16, "the matmuls ran in fp32, not bf16"),
-    ("no update", [("        scaler.update()\n", "")], problems.IN_FP16_SGD,
+     scaling.IN_BF16, "the matmuls ran in fp32, not bf16"),
+    ("no update", [("        scaler.update()\n", "")], scaling.IN_FP16_SGD,
      "step() has already been called since the last update()"),  # GradScaler's own words
-    ("no zero_grad", [("    optimizer.zero_grad(set_to_none=True)\n", "")], problems.IN_FP32,
+    ("no zero_grad", [("    optimizer.zero_grad(set_to_none=True)\n", "")], scaling.IN_FP32,
      "the gradients accumulate from step to step"),
     ("scaled loss", [("        scaler.scale(loss).backward()\n",
                       "        loss = scaler.scale(loss)\n        loss.backward()\n")],
-     problems.IN_FP16_TINY, "the loss returned is the scaled one"),
+     scaling.IN_FP16_TINY, "the loss returned is the scaled one"),
     ("bypass", [("        scaler.step(optimizer)\n        scaler.update()\n",
                  "        optimizer.step()\n")],
-     problems.IN_FP16_SGD, "step through the scaler"),
+     scaling.IN_FP16_SGD, "step through the scaler"),
 ]
 
 
@@ -369,13 +369,13 @@ def test_weights_kept_in_half_precision_are_named():
         model.to(dtype)
         return amp.train_step(model, optimizer, scaler, loss_fn, x.to(dtype), y, torch.float32)
 
-    result = grade(only("amp/train_step", problems.IN_BF16), half_model)
+    result = grade(only("amp/train_step", scaling.IN_BF16), half_model)
     assert "keep the fp32 master weights" in result.causes[0]
 
 
 def test_the_training_cases_cover_every_dtype_scaler_and_optimizer():
     notes = {case.note for case in get_problem("amp/train_step").cpu_cases}
-    settings = [problems._TRAINING[note] for note in notes]
+    settings = [scaling._TRAINING[note] for note in notes]
     assert {dtype for dtype, _, _ in settings} == {torch.float32, torch.bfloat16, torch.float16}
     assert {kind for _, kind, _ in settings} == {"sgd", "adamw"}
     assert {scale is None for _, _, scale in settings} == {True, False}

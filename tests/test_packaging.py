@@ -3,6 +3,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _import(name: str, cwd: str) -> subprocess.CompletedProcess:
@@ -21,3 +26,15 @@ def test_no_top_level_autograder_or_kernels_is_installed(tmp_path):
         done = _import(name, str(tmp_path))
         # Either absent, or (if some unrelated PyPI package is installed) not ours.
         assert done.returncode != 0 or "rooflab" not in done.stdout
+
+
+def test_every_package_of_the_tree_is_listed_for_the_wheel():
+    """setuptools installs the packages pyproject.toml lists, and only those: a new
+    sub-package missing from the list would be missing from every non-editable install."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(["rooflab", *init.parent.relative_to(ROOT).parts])
+             for folder in ("autograder", "kernels")
+             for init in (ROOT / folder).rglob("__init__.py")}
+    assert listed == found

@@ -1,0 +1,50 @@
+"""What lab 07's problems share: the dtypes by short name, the casts that would do an
+exercise's work on the host, and the checks that the kernels moved every byte."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from .. import traced
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+E4M3 = torch.float8_e4m3fn
+
+# Conversions that would do an exercise's work in host code: the cast itself (a copy_
+# between dtypes converts too).
+CASTS = frozenset({"_to_copy", "to", "copy_"})
+
+
+@contextlib.contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Run tiny models on one CPU thread: at this size torch's thread pool costs more than
+    it saves (many times more on a machine whose cores are busy)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def hex_bits(value: int, digits: int) -> str:
+    return f"0x{value & ((1 << 4 * digits) - 1):0{digits}X}"
+
+
+def kernels_did_the_work(reads: list[torch.Tensor], writes: list[torch.Tensor],
+                          launches: list) -> str:
+    """Every byte of ``reads`` was loaded and every byte of ``writes`` stored by a kernel."""
+    for t in reads:
+        if traced.bytes_moved(launches, t, "load") < t.numel() * t.element_size():
+            return ("the kernels did not read all of the input: each element must be read by a "
+                    "kernel (host code may only allocate, view, fill and copy)")
+    for t in writes:
+        if traced.bytes_moved(launches, t, "store") < t.numel() * t.element_size():
+            return ("the answer was not all written by a kernel: it must come out of the "
+                    "kernels' own stores, not from a copy or a conversion on the host")
+    return ""
+
+
