@@ -1,19 +1,25 @@
-"""One notebook in a fresh kernel, as a grader runs it: limits, and a crash that ends one
-exercise rather than the grading.
+"""One notebook in a fresh kernel, as a grader runs it: confined, with limits, and a crash
+that ends one exercise rather than the grading.
 
 ``python -m rooflab.autograder.grading.execute`` is started by the grader (grade.py) once
 per submission, in its own session, so that a notebook that outlives its time limit can be
-ended with everything it started. Here:
+ended with everything it started. It runs no learner code itself. Here:
 
 * a fresh IPython kernel of this Python runs the notebook cell by cell (nbclient, as nbval
   does), with a time limit per cell (the kernel is interrupted, and the cell fails);
+* the kernel runs in a sandbox (``confine/``): it can write only to its own folder
+  (``--into``/box), sees the course's kernels without their answers (``--overlay``), has
+  no network but its own loopback, and every process it starts ends with it. Its
+  channels to this process are Unix sockets in that folder;
 * the kernel inherits a cap on its address space (``--memory``): a huge allocation fails
   as a MemoryError in its cell;
 * a cell that ends the kernel (``os._exit``, a segfault, ``sys.exit`` in a thread, the
   memory cap hit in native code) is noted, and the notebook runs again from the top in a
   new kernel with that cell replaced by an error, so the exercises after it are graded;
-* every check leaves its record in ``--into``/records (``checking/handin.py``), and the kernel's
-  process id in ``--into``/kernel.pid, for the grader to end it if it must.
+* every check leaves its record in the box's records folder (``checking/handin.py``); as
+  each cell ends, this process takes what it left into ``--into``/taken/<cell id>/, out
+  of the kernel's reach: a record counts for the cell that was running when it was
+  written, whatever it says, and nothing written later can change it.
 """
 
 from __future__ import annotations
@@ -28,25 +34,34 @@ import time
 from pathlib import Path
 
 from ..checking import handin
+from ..confine import Sandbox
 
 RESTARTS = 3  # cells that may end the kernel before the rest of the notebook is given up
 CRASHED = "CellEndedTheKernel"
 
 
-def _kernel_manager():
+def _kernel_manager(box: Path, sandbox: Sandbox | None):
     """A kernel manager that starts this very Python's ipykernel (the course's
-    environment), not whichever "python3" kernel Jupyter finds first."""
+    environment), not whichever "python3" kernel Jupyter finds first; in ``sandbox``
+    unless it is None. Its channels are Unix sockets in the box (the sandbox has a network
+    of its own), and it is interrupted by a message (a signal would reach bubblewrap)."""
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import AsyncKernelManager
+
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    if sandbox is not None:
+        argv = sandbox.command(argv, cwd=box / "work")
 
     class ThisPython(AsyncKernelManager):
         @property
         def kernel_spec(self) -> KernelSpec:
-            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f",
-                                    "{connection_file}"], display_name="rooflab grading",
-                              language="python")
+            return KernelSpec(argv=argv, display_name="rooflab grading", language="python",
+                              interrupt_mode="message")
 
-    return ThisPython()
+    run = box / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    return ThisPython(transport="ipc", connection_file=str(run / "kernel.json"),
+                      ip=str(run / "kernel"))
 
 
 def without_output_widgets(client):
@@ -64,7 +79,7 @@ def _error_output(name: str, value: str) -> dict:
     return {"output_type": "error", "ename": name, "evalue": value, "traceback": []}
 
 
-def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
+def run(notebook: dict, into: Path, cell_timeout: float, sandbox: Sandbox | None) -> dict:
     """Run ``notebook`` (nbformat 4 as a dict), keeping its outputs; return what happened:
     each code cell's error (if any) and seconds, and the cells that ended the kernel."""
     import nbformat
@@ -72,18 +87,22 @@ def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
     from nbclient.exceptions import DeadKernelError
 
     crashed: dict[int, str] = {}
-    records = into / "records"
+    box = into / "box"
+    records, taken = box / "records", into / TAKEN
     for _ in range(RESTARTS + 1):
-        shutil.rmtree(records, ignore_errors=True)  # a rerun's records replace the last's
-        records.mkdir(parents=True)
+        for folder in (records, taken):  # a rerun's records replace the last's
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        (box / "work").mkdir(parents=True, exist_ok=True)
         nb = nbformat.from_dict(json.loads(json.dumps(notebook)))
         client = without_output_widgets(NotebookClient(
-            nb, km=_kernel_manager(), timeout=cell_timeout, interrupt_on_timeout=True,
-            allow_errors=True, resources={"metadata": {"path": str(workdir)}}))
+            nb, km=_kernel_manager(box, sandbox), timeout=cell_timeout,
+            interrupt_on_timeout=True, allow_errors=True,
+            resources={"metadata": {"path": str(box / "work")}}))
         cells: list[dict] = []
         current = -1
         try:
-            with client.setup_kernel(env=_kernel_env(into)):
+            with client.setup_kernel(env=_kernel_env(records)):
                 (into / "kernel.pid").write_text(str(client.km.provisioner.pid))
                 for index, cell in enumerate(nb.cells):
                     if cell.cell_type != "code":
@@ -94,7 +113,10 @@ def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
                         error = _error_output(CRASHED, crashed[index])
                         cell.outputs = [nbformat.from_dict(error)]
                     else:
-                        client.execute_cell(cell, index)
+                        try:
+                            client.execute_cell(cell, index)
+                        finally:
+                            take_records(records, taken / str(cell.get("id", index)))
                     seconds = time.monotonic() - start
                     errors = [o for o in cell.outputs if o.get("output_type") == "error"]
                     error = f"{errors[0]['ename']}: {errors[0]['evalue']}" if errors else ""
@@ -114,10 +136,40 @@ def run(notebook: dict, into: Path, workdir: Path, cell_timeout: float) -> dict:
             "ended the kernel: the notebook was not run to the end"}
 
 
-def _kernel_env(into: Path) -> dict[str, str]:
+TAKEN = "taken"  # into/taken/<cell id>/: the records each cell left, out of the kernel's reach
+
+
+def take_records(records: Path, into: Path) -> None:
+    """Move every record in ``records`` (the kernel's) into ``into`` (the grader's)."""
+    for path in sorted(records.iterdir()):
+        if path.is_file() and not path.is_symlink():
+            into.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(path), into / path.name)
+        elif path.is_dir() and not path.is_symlink():  # no record of ours
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+
+
+def _kernel_env(records: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env[handin.INTO_ENV] = str(into / "records")
+    env[handin.INTO_ENV] = str(records)
     return env
+
+
+def sandbox_for(box: Path, read_only: list[Path], overlays: list[str]) -> Sandbox:
+    """The kernel's sandbox: writes to ``box`` only; ``overlays`` are INSIDE=OUTSIDE. It
+    starts with a copy of the grader's cache (the ceilings measured on this card), so that
+    no notebook measures them again."""
+    from ..device.roofline import cache_dir
+
+    cache = box / "home" / ".cache" / "rooflab"
+    if cache_dir().is_dir():
+        shutil.copytree(cache_dir(), cache, dirs_exist_ok=True)
+    pairs = dict(item.split("=", 1) for item in overlays)
+    return Sandbox(box, read_only=read_only,
+                   overlays={Path(k): Path(v) for k, v in pairs.items()},
+                   env={handin.INTO_ENV: str(box / "records"), "ROOFLAB_CACHE_DIR": str(cache)})
 
 
 def cap_memory(limit_bytes: int) -> None:
@@ -130,13 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rooflab.autograder.grading.execute")
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--into", type=Path, required=True)
-    parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--cell-timeout", type=float, required=True)
     parser.add_argument("--memory", type=int, default=0, help="bytes; 0: no cap")
+    parser.add_argument("--unconfined", action="store_true", help="no sandbox")
+    parser.add_argument("--read-only", type=Path, action="append", default=[],
+                        help="a folder the kernel may read")
+    parser.add_argument("--overlay", action="append", default=[], metavar="INSIDE=OUTSIDE",
+                        help="OUTSIDE mounted over INSIDE, read-only, in the sandbox")
     args = parser.parse_args(argv)
     cap_memory(args.memory)
-    outcome = run(json.loads(args.notebook.read_text()), args.into, args.workdir,
-                  args.cell_timeout)
+    box = args.into / "box"
+    sandbox = None if args.unconfined else sandbox_for(box, args.read_only, args.overlay)
+    outcome = run(json.loads(args.notebook.read_text()), args.into, args.cell_timeout, sandbox)
     partial = args.into / "run.json.partial"
     partial.write_text(json.dumps(outcome))
     partial.replace(args.into / "run.json")

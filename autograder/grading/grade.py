@@ -6,8 +6,9 @@ is matched to its lab by its cell ids (``05-012`` is lab 05), and graded so:
 
 1. cells.py puts back every cell that is not the learner's, as the lab has it, and notes
    each one the submission had changed;
-2. execute.py runs it in a fresh kernel, in a process of its own, with limits: per cell,
-   per notebook (then it is ended, kernel and all) and on memory;
+2. execute.py runs it in a fresh kernel, confined in a sandbox (confinement.py), in a
+   process of its own, with limits: per cell, per notebook (then it is ended, kernel and
+   all) and on memory;
 3. verdicts.py decides each exercise here, from the checks' records, checking every
    answer again;
 4. gradebook.py writes the learner's result, then the class's views.
@@ -40,6 +41,8 @@ from pathlib import Path
 from ..checking import handin
 from . import gradebook
 from .cells import CHECK_TAG, exercises, restore
+from .confinement import Confinement, prepare
+from .execute import TAKEN
 from .verdicts import Grade, grade_exercises
 
 
@@ -126,13 +129,13 @@ def with_cell_markers(notebook: dict) -> dict:
     return notebook
 
 
-def grade_one(task: Task, limits: Limits, seed: int) -> dict:
+def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement) -> dict:
     """Grade one notebook: its result (what the gradebook holds)."""
     lab = json.loads(task.lab.read_text())
     start = time.monotonic()
     result = {"learner": task.learner, "lab": task.lab_name, "notebook": str(task.notebook),
-              "mode": _mode(), "changed": [], "problems": [], "grades": [], "seconds": 0.0,
-              "started": time.time()}
+              "mode": _mode(), "confined": confinement.confined, "changed": [],
+              "problems": [], "grades": [], "seconds": 0.0, "started": time.time()}
     try:
         submission = json.loads(task.notebook.read_text())
     except (OSError, ValueError) as error:
@@ -148,19 +151,33 @@ def grade_one(task: Task, limits: Limits, seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="rooflab-grade-") as scratch:
         into = Path(scratch)
         (into / "notebook.ipynb").write_text(json.dumps(with_cell_markers(restored.notebook)))
-        run = _execute(into, task.lab.parent, limits, seed)
+        run = _execute(into, limits, seed, confinement)
         if run.get("killed"):
             result["problems"].append(run["killed"])
         for index in run.get("crashed", []):
             result["problems"].append(f"cell {index} ended the kernel; the notebook ran "
                                       "again without it")
-        records = [(json.loads(path.read_text()), path.with_name(f"{path.stem}-outputs.pt"))
-                   for path in sorted((into / "records").glob("[0-9]*.json"))]
-        grades = grade_exercises(wanted, run, records, seed)
+        grades = grade_exercises(wanted, run, taken_records(into / TAKEN), seed)
     result["grades"] = [grade.as_dict() for grade in grades]
     result["seconds"] = round(time.monotonic() - start, 2)
     result["finished"] = time.time()
     return result
+
+
+def taken_records(taken: Path) -> list[tuple[dict, Path]]:
+    """Each record the checks left, with its answers file, as execute.py took them: the
+    cell a record is for is the cell that was running when it was written (its folder),
+    not what the record says."""
+    records = []
+    for path in sorted(taken.glob("*/[0-9]*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # written half, or not by a check: no record
+        if isinstance(record, dict):
+            record["cell"] = path.parent.name
+            records.append((record, path.with_name(f"{path.stem}-outputs.pt")))
+    return records
 
 
 def _mode() -> str:
@@ -169,7 +186,7 @@ def _mode() -> str:
     return current().mode
 
 
-def _execute(into: Path, workdir: Path, limits: Limits, seed: int) -> dict:
+def _execute(into: Path, limits: Limits, seed: int, confinement: Confinement) -> dict:
     """Run execute.py on ``into``/notebook.ipynb in its own session; end it, kernel and
     all, past the notebook's time limit. Returns its run.json (or what went wrong)."""
     env = dict(os.environ, **{handin.SEED_ENV: str(seed)})
@@ -177,8 +194,9 @@ def _execute(into: Path, workdir: Path, limits: Limits, seed: int) -> dict:
     # its check with a message before the cell is interrupted.
     env.setdefault("ROOFLAB_TIME_LIMIT", str(max(5.0, limits.cell_s / 4)))
     command = [sys.executable, "-m", "rooflab.autograder.grading.execute",
-               str(into / "notebook.ipynb"), "--into", str(into), "--workdir", str(workdir),
-               "--cell-timeout", str(limits.cell_s), "--memory", str(limits.memory_bytes)]
+               str(into / "notebook.ipynb"), "--into", str(into), "--cell-timeout",
+               str(limits.cell_s), "--memory", str(limits.memory_bytes),
+               *confinement.execute_args()]
     worker = subprocess.Popen(command, env=env, start_new_session=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=open(into / "worker.log", "w"))  # noqa: SIM115
@@ -243,13 +261,20 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 0,
-          resume: bool = False, shard_spec: str | None = None, progress=sys.stderr) -> int:
-    """Grade every submission into ``out``; returns how many notebooks were graded now."""
+          resume: bool = False, shard_spec: str | None = None, progress=sys.stderr,
+          unconfined: bool = False) -> int:
+    """Grade every submission into ``out``; returns how many notebooks were graded now.
+    Raises CannotConfine (a ValueError) where notebooks cannot be confined and
+    ``unconfined`` is not given, or could import the answers."""
     from ..device import current
 
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rooflab-unpacked-") as unpacked:
-        tasks, problems = find_tasks(paths, labs, Path(unpacked))
+        confinement = prepare(unconfined, Path(unpacked))
+        if not confinement.confined:
+            print("rooflab grade: UNCONFINED: graded notebooks run with this user's rights "
+                  "(the gradebook says so)", file=progress)
+        out.mkdir(parents=True, exist_ok=True)
+        tasks, problems = find_tasks(paths, labs, Path(unpacked) / "submissions")
         for line in problems:
             print(f"rooflab grade: {line}", file=progress)
         tasks = shard(tasks, shard_spec)
@@ -264,7 +289,7 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
         done = 0
 
         def one(task: Task) -> dict:
-            result = grade_one(task, limits, seed)
+            result = grade_one(task, limits, seed, confinement)
             if _stopping.is_set():
                 raise KeyboardInterrupt  # its notebook was ended by the interruption
             gradebook.write_atomic(gradebook.result_path(out, task.learner, task.lab_name),

@@ -141,6 +141,12 @@ def _html(results: list[dict]) -> str:
                  + ("On a CPU nothing is timed: roofline fractions are <b>predicted</b> from "
                     "the traced memory traffic, not measured." if predicted else
                     "Roofline fractions are measured on the GPU named above.") + "</p>")
+    unconfined = [r for r in results if r.get("confined") is False]
+    if unconfined:
+        parts.append(f"<div class='warn'><b>Unconfined:</b> {len(unconfined)} of "
+                     f"{len(results)} notebooks ran without the sandbox (--unconfined), with "
+                     "the grader's rights: they could read other submissions and write "
+                     "outside their folder.</div>")
     parts.append("<table><tr><th>learner</th><th>lab</th><th class='num'>passed</th>"
                  "<th class='num'>time (s)</th><th>notes</th></tr>")
     for r in results:
@@ -154,7 +160,8 @@ def _html(results: list[dict]) -> str:
     for r in results:
         parts.append(f"<h2 id='{esc(r['learner'])}--{esc(r['lab'])}'>{esc(r['learner'])} · "
                      f"{esc(r['lab'])}</h2><p class='note'>{esc(r['notebook'])}, "
-                     f"{r['seconds']:.1f} s, {esc(r.get('mode', ''))}</p>")
+                     f"{r['seconds']:.1f} s, {esc(r.get('mode', ''))}"
+                     f"{'' if r.get('confined', True) else ', <b>unconfined</b>'}</p>")
         for line in r.get("changed", []):
             parts.append(f"<div class='warn'>Protected cell restored: {esc(line)}</div>")
         for line in r.get("problems", []):

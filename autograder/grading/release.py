@@ -20,7 +20,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..course.build import BEGIN, C_BEGIN, C_END, END, stub
+from ..course.answers import without_answers
+from ..course.build import BEGIN, C_BEGIN, C_END, END
 
 # What a learner gets, as it is in the repository.
 AS_IS = ["README.md", "Makefile", "pyproject.toml", ".gitignore", "autograder", "ci", "labs",
@@ -46,11 +47,6 @@ def release(root: Path, out: Path) -> list[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(without_answers(module.read_text()))
     return sorted(path for path in out.rglob("*") if path.is_file())
-
-
-def without_answers(source: str) -> str:
-    """A kernels/ module with each solution region replaced by its stub."""
-    return stub(source) + ("\n" if source.endswith("\n") else "")
 
 
 def solution_lines(root: Path) -> set[str]:

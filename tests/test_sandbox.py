@@ -1,0 +1,136 @@
+"""The sandbox graded code runs in (``confine/``): each thing it forbids, tried from inside.
+
+Each test runs a few lines of plain Python in the sandbox and checks, from outside, that
+what it tried had no effect: it reads no file of another submission, writes nowhere but its
+own folder, reaches no server but its own loopback, keeps no process alive once it ends,
+and inherits none of the grader's secrets. Skipped where bubblewrap cannot run."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rooflab.autograder.confine import Sandbox, why_unavailable
+
+pytestmark = pytest.mark.skipif(bool(why_unavailable()), reason=f"no sandbox here: "
+                                f"{why_unavailable()}")
+
+
+def confined(tmp_path: Path, code: str, **kwargs) -> subprocess.CompletedProcess:
+    box = tmp_path / "box"
+    box.mkdir(exist_ok=True)
+    command = Sandbox(box, **kwargs).command([sys.executable, "-c", textwrap.dedent(code)])
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def other(tmp_path):
+    """Another learner's submission, and a gradebook, beside this one's folder."""
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "lab.ipynb").write_text("bob's answers")
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def test_it_cannot_read_another_submission_or_the_home_folder(other):
+    # Of the home folder it sees at most the way to this Python (pyenv keeps it there).
+    python = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix)}
+    private = [entry for entry in Path.home().iterdir()
+               if not any(p.is_relative_to(entry) for p in python)]
+    done = confined(other, f"""
+        import os
+        for path in [{str(other / "bob" / "lab.ipynb")!r}, *{[str(p) for p in private]!r}]:
+            print(os.path.exists(path), path)
+        """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("False") == 1 + len(private) and "True" not in done.stdout
+
+
+def test_it_writes_only_into_its_own_folder(other):
+    done = confined(other, f"""
+        import os, sys
+        for path in [{str(other / "out" / "forged.json")!r}, sys.prefix + "/forged",
+                     "/usr/forged", "/tmp/forged", os.getcwd() + "/mine.txt"]:
+            try:
+                open(path, "w").write("x")
+                print("wrote", path)
+            except OSError as error:
+                print("refused", path, type(error).__name__)
+        """)
+    assert done.returncode == 0, done.stderr
+    assert not (other / "out" / "forged.json").exists()
+    assert not Path(sys.prefix, "forged").exists() and not Path("/tmp/forged").exists()
+    assert f"refused {sys.prefix}/forged" in done.stdout and "refused /usr/forged" in done.stdout
+    assert (other / "box" / "mine.txt").read_text() == "x"  # its own folder: yes
+
+
+def test_it_reaches_no_server_but_its_own_loopback(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    server.settimeout(0.5)
+    try:
+        done = confined(tmp_path, f"""
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=2)
+                print("reached the host")
+            except OSError as error:
+                print("host refused", type(error).__name__)
+            own = socket.create_server(("127.0.0.1", 0))
+            socket.create_connection(own.getsockname(), timeout=2)
+            print("own loopback ok")
+            """)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert "host refused" in done.stdout and "own loopback ok" in done.stdout
+
+
+def test_nothing_it_starts_outlives_it(tmp_path):
+    marker = f"rooflab-sandbox-test-{os.getpid()}-{time.monotonic_ns()}"
+    done = confined(tmp_path, f"""
+        import os, subprocess, sys
+        # A daemon in a session of its own, as a learner's background job would be.
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", {marker!r}],
+                         start_new_session=True)
+        print("started", flush=True)
+        """)
+    assert done.returncode == 0 and "started" in done.stdout, done.stderr
+    time.sleep(0.5)
+    alive = [entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit()
+             and marker.encode() in _cmdline(entry)]
+    assert alive == []
+
+
+def _cmdline(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_it_inherits_none_of_the_graders_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("CI_JOB_TOKEN", "secret")
+    monkeypatch.setenv("ROOFLAB_TIME_LIMIT", "7")
+    done = confined(tmp_path, """
+        import os
+        print(os.environ.get("CI_JOB_TOKEN"), os.environ.get("ROOFLAB_TIME_LIMIT"))
+        """)
+    assert done.stdout.split() == ["None", "7"], done.stderr
+
+
+def test_an_overlay_replaces_a_folder_it_sees(tmp_path):
+    real, stand_in = tmp_path / "real", tmp_path / "stand-in"
+    for folder, text in ((real, "answer"), (stand_in, "stub")):
+        folder.mkdir()
+        (folder / "module.py").write_text(text)
+    done = confined(tmp_path, f"print(open({str(real / 'module.py')!r}).read())",
+                    read_only=[real], overlays={real: stand_in})
+    assert done.stdout.strip() == "stub", done.stderr
