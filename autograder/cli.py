@@ -70,7 +70,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         from .checking.isolated import check_in_child
 
         verdict = check_in_child(spec.id, args.function, seed=args.seed,
-                                 time_limit=args.time_limit, verbose=args.verbose)
+                                 time_limit=args.time_limit, verbose=args.verbose,
+                                 unconfined=args.unconfined)
         print(verdict.text)
         return verdict.exit_code
     function = load_function(args.function)
@@ -316,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true",
                    help="run the candidate in this process (to debug it; its exit or crash "
                    "then ends rooflab too, and its answers are not checked again)")
+    p.add_argument("--unconfined", action="store_true",
+                   help="run the child without the sandbox (bubblewrap), with your rights: "
+                   "only where bubblewrap cannot run (also $ROOFLAB_UNCONFINED=1)")
 
     p = commands.add_parser("trace", help="memory traffic of a function, in the interpreter")
     p.add_argument("problem", help='problem id, e.g. "coalescing/transpose"')

@@ -12,7 +12,12 @@ and the parent, which never runs candidate code:
 * turns an exit, a crash or a signal into a FAIL that says which, never a silent 0;
 * checks every answer again, against its own reference, with its own copy of the
   problem: mutating the problem or patching the comparison inside the child changes
-  nothing.
+  nothing;
+* confines the child in a sandbox (``confine/``): it reads the system, this Python, the
+  autograder and the candidate's own folder, writes only to its scratch folder, reaches
+  no network but its own loopback, and nothing it starts outlives it. Where bubblewrap
+  cannot run, ``rooflab check`` refuses unless told ``--unconfined`` (or
+  ``$ROOFLAB_UNCONFINED=1``).
 
 What cannot be seen from outside stays the child's report: which ops and kernels ran,
 the traced traffic, the measured time. A candidate that rewrites the grader's own code in
@@ -34,11 +39,13 @@ from pathlib import Path
 import torch
 
 from .. import problems
+from ..confine import Sandbox, package_folder, why_unavailable
 from ..problem import Problem
 from . import answers
 from . import time_limit as limits
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
+UNCONFINED_ENV = "ROOFLAB_UNCONFINED"
 EXIT_CODES = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "NOT IMPLEMENTED": EXIT_FAIL,
               "NEEDS A GPU": EXIT_NEEDS_GPU}
 # Starting Python, importing torch and Triton, and on a GPU measuring the ceilings and
@@ -55,19 +62,32 @@ class Verdict:
 
 
 def check_in_child(problem_id: str, function: str, seed: int | None = None,
-                   time_limit: float | None = None, verbose: bool = False) -> Verdict:
+                   time_limit: float | None = None, verbose: bool = False,
+                   unconfined: bool = False) -> Verdict:
     """Grade ``function`` ("FILE.py:FUNC" or "module:FUNC") on ``problem_id`` in a child
-    process, and check its answers again here. Raises KeyError for an unknown problem."""
+    process, confined unless ``unconfined``, and check its answers again here. Raises
+    KeyError for an unknown problem."""
     spec = problems.get(problem_id)
     from .engine import new_seed
 
+    unconfined = unconfined or os.environ.get(UNCONFINED_ENV) == "1"
+    if not unconfined and why_unavailable():
+        return Verdict(EXIT_USAGE, f"rooflab check: the candidate runs in a sandbox, and "
+                                   f"{why_unavailable()}. Install it, or give --unconfined "
+                                   "to run the candidate with your rights")
     seed = new_seed() if seed is None else seed
     limit = limits.default_s() if time_limit is None else time_limit
     with tempfile.TemporaryDirectory(prefix="rooflab-check-") as into:
+        target, cwd, sandbox = _target(function, Path(into))
+        if unconfined:
+            target, cwd = function, Path.cwd()
         command = [sys.executable, "-m", "rooflab.autograder.checking.isolated", problem_id,
-                   function, "--seed", str(seed), "--time-limit", str(limit), "--into", into]
+                   target, "--seed", str(seed), "--time-limit", str(limit), "--into", into]
+        if not unconfined:
+            command = sandbox.command(command, cwd=cwd)
         # Its own session: a time limit ends the child and anything it started.
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 cwd=cwd)
         overall = limit * (len(spec.cases(_on_gpu())) + 1) + OVERHEAD_S if limit > 0 else None
         try:
             status = child.wait(timeout=overall)
@@ -79,6 +99,8 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
                                       f"kernel or a wait that never ends? (inputs seed {seed})")
         report = _read(Path(into) / "report.json")
         if report is None:
+            if not unconfined and status > 128:  # bubblewrap reports a signal N as 128 + N
+                status = 128 - status
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {_ended_without_verdict(status)}")
         if "usage" in report:
             return Verdict(EXIT_USAGE, report["usage"])
@@ -91,6 +113,30 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
                                       f"the candidate's process; inputs seed {seed})")
         return Verdict(EXIT_PASS, report["message"] if verbose else report["line"])
+
+
+def _target(function: str, into: Path) -> tuple[str, Path, Sandbox]:
+    """The candidate as the child names it, the folder it runs in, and its sandbox: it
+    may read the autograder, the course's kernels as installed, and the candidate's own
+    file (with its folder) or module (a package or file found in the working folder or on
+    $PYTHONPATH, as Python would find it), and write to ``into``."""
+    readable = [package_folder("rooflab.autograder"), package_folder("rooflab.kernels")]
+    path, sep, name = function.rpartition(":")
+    if path.endswith(".py"):
+        file = Path(path).resolve()
+        # Its folder, for the modules beside it; only the file where that folder holds
+        # the scratch folder too (/tmp): mounted read-only there, it would hide it.
+        mine = file if into.resolve().is_relative_to(file.parent) else file.parent
+        return f"{file}{sep}{name}", into, Sandbox(into, [*readable, mine])
+    top = path.split(".")[0]
+    bases = [Path.cwd(), *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                           if p)]
+    for base in bases:
+        for found in (base / top, base / f"{top}.py"):
+            if found.exists():
+                return function, into, Sandbox(into, [*readable, found.resolve()],
+                                               env={"PYTHONPATH": str(base.resolve())})
+    return function, into, Sandbox(into, readable)  # an installed module: already there
 
 
 def _on_gpu() -> bool:

@@ -18,6 +18,7 @@ in). On a machine with a GPU the NVIDIA device nodes are bound in.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import site
@@ -40,10 +41,6 @@ KEPT_ENV = ("ROOFLAB_", "TRITON_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_", "OM
 # The namespaces: its own user, pids, network (loopback only), IPC and host name.
 UNSHARE = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try"]
-
-
-class SandboxUnavailable(RuntimeError):
-    """bubblewrap is missing, or cannot make the namespaces it needs here."""
 
 
 @dataclass
@@ -108,6 +105,13 @@ def _python_folders() -> list[Path]:
     resolved = sorted({f.resolve() for f in folders if f.exists()})
     # A folder inside another one needs no mount of its own.
     return [f for f in resolved if not any(o != f and f.is_relative_to(o) for o in resolved)]
+
+
+def package_folder(name: str) -> Path:
+    """The folder an installed package ``name`` is imported from (without importing it)."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not a package"
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
 def gpu_nodes() -> list[str]:

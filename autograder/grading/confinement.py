@@ -10,11 +10,10 @@ kernels hold the answers, for any notebook could import them. The gradebook says
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confine import why_unavailable
+from ..confine import package_folder, why_unavailable
 from ..course.answers import holds_answers, write_without_answers
 
 
@@ -35,12 +34,6 @@ class Confinement:
         args = [arg for path in self.read_only for arg in ("--read-only", str(path))]
         return args + [arg for inside, outside in self.overlays.items()
                        for arg in ("--overlay", f"{inside}={outside}")]
-
-
-def package_folder(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.submodule_search_locations, name
-    return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
 def prepare(unconfined: bool, scratch: Path) -> Confinement:
