@@ -248,35 +248,54 @@ def cmd_grade(args: argparse.Namespace) -> int:
     from .grading.grade import Limits, grade
 
     out = Path(args.out)
-    if args.merge:
-        views = gradebook.merge([Path(p) for p in args.submissions], out)
-        print(f"merged {len(gradebook.load_results(out))} results into {out}: "
-              + ", ".join(v.name for v in views))
-        return EXIT_PASS
-    labs = Path(args.labs)
-    if not any(labs.glob("[0-9][0-9]_*.ipynb")):
-        raise UsageError(f"no lab notebooks (NN_topic.ipynb) in {labs.resolve()}: give "
-                         "--labs, the labs/ folder of the release the class received")
-    if args.shard and not re.fullmatch(r"\d+/\d+", args.shard):
-        raise UsageError(f"--shard is i/n, e.g. 2/4, not {args.shard!r}")
-    # A CUDA process maps far more address space than it uses: no cap where there is a GPU.
-    memory = args.memory or ("0" if torch.cuda.is_available() else "8G")
-    limits = Limits(args.cell_timeout, args.notebook_timeout, _bytes(memory))
+    if args.roster and args.shard:
+        raise UsageError("--roster with --shard would call everyone in the other shards "
+                         "missing: give --roster to --merge, which sees the whole class")
     try:
-        grade([Path(p) for p in args.submissions], out, labs, limits, jobs=args.jobs,
-              resume=args.resume, shard_spec=args.shard, unconfined=args.unconfined)
+        roster = gradebook.read_roster(Path(args.roster)) if args.roster else None
     except ValueError as error:
         raise UsageError(str(error)) from None
-    except KeyboardInterrupt:
-        print(f"rooflab grade: interrupted; the results written so far are in {out}/results: "
-              "run the same command with --resume to grade the rest", file=sys.stderr)
-        return 130
-    print(f"gradebook: {out / 'gradebook.html'} (also gradebook.json, gradebook.csv, "
-          "junit.xml)")
+    if args.merge:
+        try:
+            views = gradebook.merge([Path(p) for p in args.submissions], out, roster)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        print(f"merged {len(gradebook.load_results(out))} results into {out}: "
+              + ", ".join(v.name for v in views))
+    else:
+        labs = Path(args.labs)
+        if not any(labs.glob("[0-9][0-9]_*.ipynb")):
+            raise UsageError(f"no lab notebooks (NN_topic.ipynb) in {labs.resolve()}: give "
+                             "--labs, the labs/ folder of the release the class received")
+        if args.shard and not re.fullmatch(r"\d+/\d+", args.shard):
+            raise UsageError(f"--shard is i/n, e.g. 2/4, not {args.shard!r}")
+        # A CUDA process maps far more address space than it uses: no cap where there is a
+        # GPU.
+        memory = args.memory or ("0" if torch.cuda.is_available() else "8G")
+        limits = Limits(args.cell_timeout, args.notebook_timeout, _bytes(memory))
+        try:
+            grade([Path(p) for p in args.submissions], out, labs, limits, jobs=args.jobs,
+                  resume=args.resume, shard_spec=args.shard, unconfined=args.unconfined,
+                  pick=args.pick, roster=roster)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        except KeyboardInterrupt:
+            print(f"rooflab grade: interrupted; the results written so far are in "
+                  f"{out}/results: run the same command with --resume to grade the rest",
+                  file=sys.stderr)
+            return 130
+        print(f"gradebook: {out / 'gradebook.html'} (also gradebook.json, gradebook.csv, "
+              "junit.xml)")
+    results = gradebook.load_results(out)
+    if roster is not None:
+        missing, strangers = gradebook.against_roster(results, roster)
+        for words, names in (("handed in nothing", missing), ("not on the roster", strangers)):
+            if names:
+                print(f"rooflab grade: {words} ({len(names)}): {', '.join(names)}",
+                      file=sys.stderr)
     if args.require_pass:
         failed = [f"{r['learner']} {g['exercise']}: {g['verdict']}"
-                  for r in gradebook.load_results(out) for g in r["grades"]
-                  if g["verdict"] != "PASS"]
+                  for r in results for g in r["grades"] if g["verdict"] != "PASS"]
         for line in failed:
             print(f"  not passed: {line}")
         return EXIT_FAIL if failed else EXIT_PASS
@@ -355,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  rooflab grade submissions/* --out gradebook/\n"
         "  rooflab grade alice.zip bob/ carol.ipynb --out gradebook/ --labs course/labs\n"
         "  rooflab grade submissions/* --out shard-2 --shard 2/4   (then:)\n"
-        "  rooflab grade --merge shard-* --out gradebook/",
+        "  rooflab grade --merge shard-* --out gradebook/ --roster learners.csv",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("submissions", nargs="+", metavar="SUBMISSION",
                    help="one per learner: a notebook (the learner is its file name), or a "
@@ -379,7 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-pass", action="store_true", help="exit 1 when an exercise "
                    "did not pass (CI grading one learner's push)")
     p.add_argument("--merge", action="store_true",
-                   help="SUBMISSIONS are shard folders: join their results into OUT")
+                   help="SUBMISSIONS are shard folders: join their results into OUT (each "
+                   "must hold results, and no learner's lab may be in two)")
+    p.add_argument("--pick", choices=("error", "newest"), default="error",
+                   help="a learner's several notebooks for one lab: error (default: none "
+                   "is graded, the gradebook says so) or newest (the last modified; the "
+                   "result names the others)")
+    p.add_argument("--roster", metavar="CSV", help="the class, one learner a row in the "
+                   "first column: the gradebook names who handed in nothing and who is not "
+                   "on it")
     p.add_argument("--unconfined", action="store_true",
                    help="run the notebooks without the sandbox (bubblewrap), with your "
                    "rights: only where bubblewrap cannot run, in an environment installed "

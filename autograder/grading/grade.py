@@ -35,7 +35,7 @@ import time
 import zipfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checking import handin
@@ -58,39 +58,102 @@ class Task:
     learner: str
     notebook: Path
     lab: Path  # labs/NN_topic.ipynb, the lab it answers
+    # Where a learner handed in several notebooks for one lab, by the names the instructor
+    # knows them by: all of them when none may be graded (--pick error), else those left out.
+    clash: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def lab_name(self) -> str:
         return self.lab.stem
 
 
-def find_tasks(paths: list[Path], labs: Path, unpack_into: Path) -> tuple[list[Task], list[str]]:
-    """Every (learner, notebook) to grade, and what could not be (in words)."""
-    tasks, problems = [], []
-    for path in paths:
+PICKS = ("error", "newest")  # --pick: what to do with several notebooks for one lab
+
+
+def find_tasks(paths: list[Path], labs: Path, unpack_into: Path,
+               pick: str = "error") -> tuple[list[Task], list[str]]:
+    """One task per learner and lab, and what could not be graded (in words).
+
+    A learner who handed in several notebooks for one lab gets one task all the same: with
+    ``pick="error"`` it is marked as a clash, to be reported and not graded; with
+    ``"newest"`` it grades the notebook modified last and names the others."""
+    if pick not in PICKS:
+        raise ValueError(f"--pick is one of {', '.join(PICKS)}, not {pick!r}")
+    found: dict[tuple[str, Path], dict[Path, str]] = {}  # (learner, lab): notebook -> name
+    problems = []
+    for number, path in enumerate(paths):
         if path.suffix == ".zip":
             learner = path.stem
-            folder = unpack_into / learner
-            with zipfile.ZipFile(path) as archive:
-                archive.extractall(folder)
-            notebooks = sorted(folder.rglob("*.ipynb"))
+            # A folder per argument: two zips of one name must not unpack over each other.
+            shown = _unpack(path, unpack_into / str(number) / learner)
+            notebooks = sorted(shown)
         elif path.is_dir():
             learner, notebooks = path.name, sorted(path.rglob("*.ipynb"))
+            shown = {}
         elif path.suffix == ".ipynb":
-            learner, notebooks = path.stem, [path]
+            learner, notebooks, shown = path.stem, [path], {}
         else:
             problems.append(f"{path}: not a notebook, a folder or a zip")
             continue
-        notebooks = [nb for nb in notebooks if ".ipynb_checkpoints" not in nb.parts]
+        # Jupyter's checkpoints and the resource forks a Mac puts in its zips are copies.
+        notebooks = [nb for nb in notebooks if ".ipynb_checkpoints" not in nb.parts
+                     and "__MACOSX" not in nb.parts]
         if not notebooks:
             problems.append(f"{path}: no notebook in it")
         for notebook in notebooks:
             lab = lab_of(notebook, labs)
             if lab is None:
-                problems.append(f"{notebook}: matches no lab in {labs}")
+                problems.append(f"{shown.get(notebook, notebook)}: matches no lab in {labs}")
             else:
-                tasks.append(Task(learner, notebook, lab))
+                found.setdefault((learner, lab), {})[notebook] = shown.get(notebook,
+                                                                           str(notebook))
+    tasks = []
+    for (learner, lab), named in found.items():
+        if len(named) == 1:
+            tasks.append(Task(learner, next(iter(named)), lab))
+            continue
+        # The latest modification; a tie goes to the last name, so a rerun picks the same.
+        newest = max(named, key=lambda nb: (nb.stat().st_mtime, named[nb]))
+        others = [named[nb] for nb in sorted(named) if nb != newest]
+        if pick == "newest":
+            tasks.append(Task(learner, newest, lab, left_out=others))
+        else:
+            everyone = sorted(named.values())
+            tasks.append(Task(learner, newest, lab, clash=everyone))
+            problems.append(f"{learner}: {len(everyone)} notebooks for {lab.stem}: "
+                            f"{', '.join(everyone)}; none is graded: keep one, or grade "
+                            "with --pick newest")
     return tasks, problems
+
+
+def _unpack(archive_path: Path, folder: Path) -> dict[Path, str]:
+    """Unpack a zip; each notebook in it, by the name the instructor knows it by
+    (``alice.zip:work/lab01.ipynb``). Each file keeps its date in the zip as its
+    modification time, for ``--pick newest``."""
+    shown = {}
+    with zipfile.ZipFile(archive_path) as archive:
+        for info in archive.infolist():
+            target = Path(archive.extract(info, folder))  # names leaving folder are cut
+            if info.is_dir():
+                continue
+            when = time.mktime((*info.date_time, 0, 0, -1))
+            os.utime(target, (when, when))
+            if target.suffix == ".ipynb":
+                shown[target] = f"{archive_path}:{info.filename}"
+    return shown
+
+
+def refused(task: Task) -> dict:
+    """The result of a lab not graded for its clash: every exercise FAIL, saying why, so
+    the gradebook shows it and ``--require-pass`` fails on it."""
+    why = (f"not graded: {len(task.clash)} notebooks for this lab ({', '.join(task.clash)}); "
+           "keep one, or grade with --pick newest")
+    wanted = exercises(json.loads(task.lab.read_text()))
+    return {"learner": task.learner, "lab": task.lab_name, "notebook": ", ".join(task.clash),
+            "mode": _mode(), "changed": [], "problems": [why], "clash": task.clash,
+            "grades": [Grade(e.problem_id, e.cell_id, "FAIL", why).as_dict() for e in wanted],
+            "seconds": 0.0, "started": time.time(), "finished": time.time()}
 
 
 def lab_of(notebook: Path, labs: Path) -> Path | None:
@@ -262,8 +325,10 @@ def _interrupted(signum: int, frame: object) -> None:
 
 def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 0,
           resume: bool = False, shard_spec: str | None = None, progress=sys.stderr,
-          unconfined: bool = False) -> int:
-    """Grade every submission into ``out``; returns how many notebooks were graded now.
+          unconfined: bool = False, pick: str = "error", roster: list[str] | None = None) -> int:
+    """Grade every submission into ``out``; returns how many results were written now, one
+    per learner and lab (a lab not graded for its clash of notebooks counts: its result
+    says so). ``roster``: the class, for the gradebook to name who handed in nothing.
     Raises CannotConfine (a ValueError) where notebooks cannot be confined and
     ``unconfined`` is not given, or could import the answers."""
     from ..device import current
@@ -274,12 +339,13 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
             print("rooflab grade: UNCONFINED: graded notebooks run with this user's rights "
                   "(the gradebook says so)", file=progress)
         out.mkdir(parents=True, exist_ok=True)
-        tasks, problems = find_tasks(paths, labs, Path(unpacked) / "submissions")
+        tasks, problems = find_tasks(paths, labs, Path(unpacked) / "submissions", pick)
         for line in problems:
             print(f"rooflab grade: {line}", file=progress)
         tasks = shard(tasks, shard_spec)
-        todo = [t for t in tasks if not (resume and gradebook.result_path(
-            out, t.learner, t.lab_name).exists())]
+        # A result that says its lab was not graded (a clash) is written again each time.
+        todo = [t for t in tasks if not (resume and gradebook.graded(out, t.learner,
+                                                                     t.lab_name))]
         if len(todo) < len(tasks):
             print(f"rooflab grade: {len(tasks) - len(todo)} already graded (--resume)",
                   file=progress)
@@ -289,7 +355,13 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
         done = 0
 
         def one(task: Task) -> dict:
-            result = grade_one(task, limits, seed, confinement)
+            if task.clash:
+                result = refused(task)
+            else:
+                result = grade_one(task, limits, seed, confinement)
+            if task.left_out:
+                result["problems"].append(f"also handed in for this lab, not graded (--pick "
+                                          f"newest): {', '.join(task.left_out)}")
             if _stopping.is_set():
                 raise KeyboardInterrupt  # its notebook was ended by the interruption
             gradebook.write_atomic(gradebook.result_path(out, task.learner, task.lab_name),
@@ -302,8 +374,10 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
             for result in pool.map(one, todo):
                 done += 1
                 passed = sum(g["verdict"] == "PASS" for g in result["grades"])
-                print(f"[{done}/{len(todo)}] {result['learner']} {result['lab']}: {passed}/"
-                      f"{len(result['grades'])} passed, {result['seconds']:.1f} s",
+                how = ("not graded, several notebooks for this lab" if result.get("clash")
+                       else f"{passed}/{len(result['grades'])} passed, "
+                            f"{result['seconds']:.1f} s")
+                print(f"[{done}/{len(todo)}] {result['learner']} {result['lab']}: {how}",
                       file=progress, flush=True)
         except KeyboardInterrupt:
             # Interrupted (Ctrl-C, or a job scheduler's SIGTERM): end every notebook still
@@ -315,5 +389,5 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
         finally:
             signal.signal(signal.SIGTERM, previous)
         pool.shutdown()
-    gradebook.write_views(out)
+    gradebook.write_views(out, roster)
     return done

@@ -4,6 +4,9 @@ views an instructor and CI read: JSON, CSV, an HTML page, JUnit XML.
 Every file is written whole or not at all (written beside, then renamed), so an
 interrupted grading leaves only complete results, and ``--resume`` trusts what it finds.
 Shards of one class (``--shard i/n``) each write their results; ``merge`` joins them.
+
+A roster (``--roster``, a CSV whose first column is the learner) lets the views name the
+learners who handed in nothing, and those graded who are not on it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,15 @@ def result_path(out: Path, learner: str, lab: str) -> Path:
     return out / RESULTS / f"{learner}--{lab}.json"
 
 
+def graded(out: Path, learner: str, lab: str) -> bool:
+    """Whether this learner's lab has a result that graded it (``--resume`` skips it); a
+    result that says it was not graded, for a clash of notebooks, does not count."""
+    try:
+        return not json.loads(result_path(out, learner, lab).read_text()).get("clash")
+    except (OSError, ValueError):
+        return False
+
+
 def load_results(out: Path) -> list[dict]:
     found = []
     for path in sorted((out / RESULTS).glob("*.json")):
@@ -40,13 +52,40 @@ def load_results(out: Path) -> list[dict]:
     return sorted(found, key=lambda r: (r["learner"], r["lab"]))
 
 
-def write_views(out: Path) -> list[Path]:
-    """gradebook.json, .csv, .html and junit.xml from every result in ``out``."""
+def read_roster(path: Path) -> list[str]:
+    """The learners of a roster CSV: its first column, a header cell ``learner`` skipped.
+    Raises ValueError where it cannot be read or names no one."""
+    try:
+        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"--roster {path}: {error}") from None
+    names = [row[0].strip() for row in rows if row and row[0].strip()]
+    if names and names[0].lower() == "learner":
+        names = names[1:]
+    if not names:
+        raise ValueError(f"--roster {path}: no learner in it (the first column names them)")
+    return list(dict.fromkeys(names))  # each once, in the roster's order
+
+
+def against_roster(results: list[dict], roster: list[str]) -> tuple[list[str], list[str]]:
+    """(the roster's learners without any result, the learners graded but not on it)."""
+    seen = {r["learner"] for r in results}
+    return [name for name in roster if name not in seen], sorted(seen - set(roster))
+
+
+def write_views(out: Path, roster: list[str] | None = None) -> list[Path]:
+    """gradebook.json, .csv, .html and junit.xml from every result in ``out``; with a
+    roster, they also name who handed in nothing and who is not on it."""
     results = load_results(out)
+    book: dict = {"results": results}
+    missing: list[str] = []
+    if roster is not None:
+        missing, book["not_on_roster"] = against_roster(results, roster)
+        book["missing"] = missing
     views = {
-        "gradebook.json": json.dumps({"results": results}, indent=1),
-        "gradebook.csv": _csv(results),
-        "gradebook.html": _html(results),
+        "gradebook.json": json.dumps(book, indent=1),
+        "gradebook.csv": _csv(results, missing),
+        "gradebook.html": _html(results, missing, book.get("not_on_roster", [])),
         "junit.xml": _junit(results),
     }
     for name, text in views.items():
@@ -54,14 +93,29 @@ def write_views(out: Path) -> list[Path]:
     return [out / name for name in views]
 
 
-def merge(shards: list[Path], out: Path) -> list[Path]:
-    """Join the results of several shards into ``out`` and write its views."""
+def merge(shards: list[Path], out: Path, roster: list[str] | None = None) -> list[Path]:
+    """Join the results of several shards into ``out`` and write its views. Raises
+    ValueError, before copying anything, where a shard is missing or holds no result (a
+    mistyped folder, a job that failed), or where two shards hold one learner's lab."""
+    owner: dict[str, Path] = {}  # result file name: the shard it comes from
     for shard in shards:
-        for path in sorted((shard / RESULTS).glob("*.json")):
-            target = out / RESULTS / path.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-    return write_views(out)
+        if not shard.is_dir():
+            raise ValueError(f"--merge: the shard folder {shard} does not exist")
+        found = sorted((shard / RESULTS).glob("*.json"))
+        if not found:
+            raise ValueError(f"--merge: the shard folder {shard} holds no result (none in "
+                             f"{shard / RESULTS}): did its grading run?")
+        for path in found:
+            if path.name in owner:
+                raise ValueError(f"--merge: {path.stem} is in two shards, {owner[path.name]} "
+                                 f"and {shard}: each learner's lab belongs to one shard")
+            owner[path.name] = shard
+    for name, shard in owner.items():
+        target = out / RESULTS / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not (target.exists() and target.samefile(shard / RESULTS / name)):
+            shutil.copyfile(shard / RESULTS / name, target)
+    return write_views(out, roster)
 
 
 def _fraction(grade: dict) -> tuple[str, str]:
@@ -77,7 +131,7 @@ COLUMNS = ["learner", "lab", "exercise", "verdict", "points", "roofline_fraction
            "predicted_roofline_fraction", "check_seconds", "notebook_seconds", "message"]
 
 
-def _csv(results: list[dict]) -> str:
+def _csv(results: list[dict], missing: list[str]) -> str:
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(COLUMNS)
@@ -88,6 +142,8 @@ def _csv(results: list[dict]) -> str:
                              grade["verdict"], int(grade["verdict"] == "PASS"), measured,
                              predicted, grade["seconds"], result["seconds"],
                              grade["message"].splitlines()[0] if grade["message"] else ""])
+    for learner in missing:  # on the roster, and no result: a row, so no one is forgotten
+        writer.writerow([learner, "", "", "MISSING", 0, "", "", "", "", "handed in nothing"])
     return text.getvalue()
 
 
@@ -130,13 +186,13 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 """
 
 
-def _html(results: list[dict]) -> str:
+def _html(results: list[dict], missing: list[str], not_on_roster: list[str]) -> str:
     esc = html.escape
     modes = sorted({r.get("mode", "") for r in results})
     predicted = any(m.startswith("CPU") for m in modes)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>rooflab gradebook"
              f"</title><style>{STYLE}</style></head><body><h1>Gradebook</h1>"]
-    parts.append(f"<p class='note'>{len(results)} notebooks graded on "
+    parts.append(f"<p class='note'>{len(results)} results, one per learner and lab, on "
                  f"{esc(', '.join(modes)) or 'no device'}. "
                  + ("On a CPU nothing is timed: roofline fractions are <b>predicted</b> from "
                     "the traced memory traffic, not measured." if predicted else
@@ -147,6 +203,15 @@ def _html(results: list[dict]) -> str:
                      f"{len(results)} notebooks ran without the sandbox (--unconfined), with "
                      "the grader's rights: they could read other submissions and write "
                      "outside their folder.</div>")
+    clashes = [r for r in results if r.get("clash")]
+    if clashes:
+        parts.append("<div class='warn'><b>Not graded:</b> "
+                     + esc("; ".join(f"{r['learner']} {r['lab']}" for r in clashes))
+                     + ". Each was handed in as several notebooks, and none of them was "
+                     "graded: keep one, or grade with --pick newest.</div>")
+    if not_on_roster:
+        parts.append(f"<div class='warn'><b>Not on the roster:</b> "
+                     f"{esc(', '.join(not_on_roster))}</div>")
     parts.append("<table><tr><th>learner</th><th>lab</th><th class='num'>passed</th>"
                  "<th class='num'>time (s)</th><th>notes</th></tr>")
     for r in results:
@@ -156,6 +221,9 @@ def _html(results: list[dict]) -> str:
                      f"{esc(r['learner'])}</a></td><td>{esc(r['lab'])}</td>"
                      f"<td class='num'>{passed} / {len(r['grades'])}</td>"
                      f"<td class='num'>{r['seconds']:.1f}</td><td>{esc(notes)}</td></tr>")
+    for learner in missing:
+        parts.append(f"<tr><td>{esc(learner)}</td><td></td><td class='num'></td>"
+                     "<td class='num'></td><td class='v FAIL'>handed in nothing</td></tr>")
     parts.append("</table>")
     for r in results:
         parts.append(f"<h2 id='{esc(r['learner'])}--{esc(r['lab'])}'>{esc(r['learner'])} · "
