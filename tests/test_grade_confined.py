@@ -1,0 +1,214 @@
+"""`rooflab grade` confines each notebook: tried by hostile learners, end to end on a CPU.
+
+A class of three is graded in the course's own environment, where ``rooflab.kernels``
+holds every answer, as the README's instructor command does:
+
+* an honest learner, whose lab 01 passes;
+* one whose lab 01 imports the course's kernels instead of writing them: the sandbox
+  mounts the kernels without their answers over the installed ones, so NOT IMPLEMENTED;
+* one whose lab 00 tries, from its own cells, everything confinement forbids: reading
+  another submission, finding the gradebook through /proc, writing a result of its own
+  into it, writing outside its folder, reaching a server of the grader's, and leaving
+  processes behind, one of them from a cell that then ends the kernel. Where an attempt
+  works, that exercise computes a wrong answer, so a pass is the proof it failed; what
+  it would have written is looked for outside afterwards.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rooflab.autograder.confine import why_unavailable
+from rooflab.autograder.grading.release import release
+
+pytest.importorskip("nbclient")
+pytestmark = pytest.mark.skipif(bool(why_unavailable()),
+                                reason=f"no sandbox here: {why_unavailable()}")
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = f"rooflab-leftover-{os.getpid()}"
+
+
+def _solved(lab: str) -> dict:
+    return json.loads((ROOT / "solutions" / f"{lab}.ipynb").read_text())
+
+
+def _with(notebook: dict, changes: dict) -> dict:
+    for cell in notebook["cells"]:
+        if cell["id"] in changes:
+            cell["source"] = changes[cell["id"]]("".join(cell["source"]))
+    return notebook
+
+
+# Lab 01's three exercises, each handed in as an import of the course's own kernel.
+IMPORTS_THE_ANSWERS = {
+    "01-007": lambda s: "from rooflab.kernels.vector_add import add_kernel, vector_add\n",
+    "01-010": lambda s: "from rooflab.kernels.strided_copy import strided_copy\n",
+    "01-027": lambda s: "from rooflab.kernels.transpose import transpose\n",
+}
+
+
+def _daemon(what: str) -> str:
+    """Lines that leave a process in a session of its own, doing ``what`` after 3 s."""
+    body = f"import time; time.sleep(3); {what}; time.sleep(60)"
+    return (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {body!r}, "
+            f"{MARKER!r}], start_new_session=True)\n")
+
+
+def _hostile(paths: dict) -> dict:
+    """Lab 00, solved, but each exercise's cell also tries one thing confinement forbids;
+    if it works, the exercise's answer goes wrong."""
+    forged = json.dumps({"learner": "oscar", "lab": "00_roofline", "grades": []})
+    result = str(paths["out"] / "results" / "oscar--00_roofline.json")
+
+    def wrong_if(condition: str, name: str) -> str:
+        return (f"\nif {condition}:\n    _right_{name} = {name}\n"
+                f"    {name} = lambda *a: tuple(2 * v for v in _right_{name}(*a))\n")
+
+    reads = (f"import os\n_seen = os.path.exists({str(paths['other'])!r}) or "
+             f"os.path.exists({str(paths['out'])!r})\n")
+    proc = ("import os\n_found = [p for p in os.listdir('/proc') if p.isdigit() and "
+            "b'--out' in open(f'/proc/{p}/cmdline', 'rb').read()]\n")
+    # The grader's scratch folder, where the other notebooks' folders are: the sandbox
+    # has a /tmp of its own, so a write there lands in it, and is looked for outside.
+    writes = ("_wrote = []\n"
+              f"open({str(paths['tmp'] / 'mine.txt')!r}, 'w').write('x')\n"
+              f"for _path in [{result!r}, {str(paths['labs'] / 'mine.txt')!r}]:\n"
+              "    try:\n        open(_path, 'w').write('x')\n        _wrote.append(_path)\n"
+              "    except OSError:\n        pass\n")
+    net = ("import socket\ntry:\n"
+           f"    socket.create_connection(('127.0.0.1', {paths['port']}), timeout=2)\n"
+           "    _reached = True\nexcept OSError:\n    _reached = False\n")
+    rewrite = f"open({result!r}, 'w').write({forged!r})"
+    return _with(_solved("00_roofline"), {
+        "00-005": lambda s: s + "\n" + reads + wrong_if("_seen", "cost_vector_add"),
+        "00-008": lambda s: s + "\n" + proc + wrong_if("_found", "cost_softmax"),
+        "00-011": lambda s: s + "\n" + writes + wrong_if("_wrote", "cost_matmul"),
+        "00-017": lambda s: s + "\n" + net + wrong_if("_reached", "time_floor"),
+        # A background process that rewrites its result later, from a cell that goes on...
+        "00-028": lambda s: _daemon(rewrite) + s,
+        # ... and one left by a cell that ends the kernel.
+        "00-014": lambda s: _daemon(rewrite) + "import os\nos._exit(1)\n" + s,
+    })
+
+
+def _alive() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and MARKER.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("confined")
+    course, handed, out, tmp = root / "course", root / "handed", root / "out", root / "tmp"
+    release(ROOT, course)
+    for folder in (handed, tmp):
+        folder.mkdir()
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    paths = {"out": out, "labs": course / "labs", "tmp": tmp, "port": server.getsockname()[1],
+             "other": handed / "alice.ipynb"}
+    notebooks = {"alice": _solved("01_coalescing"),
+                 "mallory": _with(_solved("01_coalescing"), IMPORTS_THE_ANSWERS),
+                 "oscar": _hostile(paths)}
+    for learner, notebook in notebooks.items():
+        (handed / f"{learner}.ipynb").write_text(json.dumps(notebook))
+    command = [sys.executable, "-m", "rooflab.autograder.cli", "grade",
+               *(str(handed / f"{name}.ipynb") for name in notebooks), "--out", str(out),
+               "--labs", str(course / "labs"), "--jobs", "2", "--cell-timeout", "60",
+               "--memory", "6G"]
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, TMPDIR=str(tmp)))
+    seconds = time.monotonic() - start
+    left = _alive()
+    time.sleep(4)  # past the daemons' 3 s: had one lived, it would have written by now
+    connected = True
+    try:
+        server.accept()
+    except TimeoutError:
+        connected = False
+    finally:
+        server.close()
+    for pid in _alive():
+        os.kill(pid, 9)
+    results = {path.stem.split("--")[0]: json.loads(path.read_text())
+               for path in sorted((out / "results").glob("*.json"))}
+    return {"done": done, "results": results, "left": left, "connected": connected,
+            "paths": paths, "seconds": seconds}
+
+
+def _verdicts(result: dict) -> dict[str, str]:
+    return {grade["exercise"]: grade["verdict"] for grade in result["grades"]}
+
+
+def test_an_honest_notebook_passes_confined(graded):
+    assert graded["done"].returncode == 0, graded["done"].stderr
+    alice = graded["results"]["alice"]
+    assert alice["confined"] is True
+    assert set(_verdicts(alice).values()) == {"PASS"}, alice["grades"]
+
+
+def test_importing_the_courses_kernels_gets_their_stubs(graded):
+    verdicts = _verdicts(graded["results"]["mallory"])
+    assert verdicts == {"coalescing/vector_add": "NOT IMPLEMENTED",
+                        "coalescing/strided_copy": "NOT IMPLEMENTED",
+                        "coalescing/transpose": "NOT IMPLEMENTED"}, verdicts
+
+
+def test_a_notebook_sees_no_other_submission_no_gradebook_and_no_grader(graded):
+    verdicts = _verdicts(graded["results"]["oscar"])
+    assert verdicts["roofline/cost_vector_add"] == "PASS"  # read neither alice nor --out
+    assert verdicts["roofline/cost_softmax"] == "PASS"  # no process with --out in /proc
+
+
+def test_a_notebook_writes_nowhere_but_its_own_folder(graded):
+    paths = graded["paths"]
+    assert _verdicts(graded["results"]["oscar"])["roofline/cost_matmul"] == "PASS"
+    assert not (paths["labs"] / "mine.txt").exists()
+    assert not (paths["tmp"] / "mine.txt").exists()
+
+
+def test_a_notebook_reaches_no_network_but_its_own_loopback(graded):
+    assert _verdicts(graded["results"]["oscar"])["roofline/time_floor"] == "PASS"
+    assert not graded["connected"]
+
+
+def test_nothing_a_notebook_starts_outlives_it_or_rewrites_its_result(graded):
+    assert graded["left"] == []
+    oscar = graded["results"]["oscar"]
+    assert oscar["grades"], "the result was rewritten"
+    verdicts = _verdicts(oscar)
+    assert verdicts["roofline/cost_attention"] == "FAIL"  # its cell ended the kernel
+    assert verdicts["roofline/timer"] == "PASS"
+
+
+def test_grading_refuses_to_run_unconfined_where_the_answers_are_installed(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rooflab.autograder.cli", "grade",
+                           str(tmp_path / "x.ipynb"), "--out", str(tmp_path / "out"),
+                           "--labs", str(ROOT / "labs"), "--unconfined"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "holds the course's answers" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_grading_refuses_to_run_without_bubblewrap(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rooflab.autograder.cli", "grade",
+                           str(tmp_path / "x.ipynb"), "--out", str(tmp_path / "out"),
+                           "--labs", str(ROOT / "labs")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PATH=str(tmp_path)))
+    assert done.returncode == 2
+    assert "bubblewrap is not installed" in done.stderr and "--unconfined" in done.stderr
