@@ -24,7 +24,7 @@ from .. import problems
 from ..course.build import STUB_RAISE, is_stub_raise
 from ..device import cuda, roofline, versions
 from ..device.timing import time_gpu
-from ..evidence import guard, poison, replay
+from ..evidence import grader_calls, guard, poison, replay
 from ..evidence.compare import CaseResult, Comparison, bits, compare
 from ..evidence.recording import Recording, recorder
 from ..model import matrix_units, traffic
@@ -272,7 +272,11 @@ def check(
         return _finish(spec, check_ranks(spec, candidate, seed, time_limit, keep_outputs),
                        show, raise_on_failure)
     result = CheckResult(spec.id, info.mode, seed)
-    run = _Runner(spec, candidate, dev)
+    # A plain-Python exercise has no kernel to watch: its calls into the grader are.
+    watched = spec.kernel is None
+    run = _Runner(spec, grader_calls.as_learner(candidate) if watched else candidate, dev)
+    if watched:
+        result.grader_calls += grader_calls.inherited(candidate)
     recording = Recording()
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
@@ -290,10 +294,10 @@ def check(
         generator = torch.Generator(device=dev).manual_seed(seed + index)
         attempt = CaseRun(spec, case, generator, dev)
         out = run.output_buffer(case)
-        tracer = None
+        tracer = watch = None
         try:
             with limited(limit), recorder(recording), warnings.catch_warnings(), \
-                    _maybe_tracing() as tracer:
+                    _maybe_tracing() as tracer, _maybe_watching(watched, attempt) as watch:
                 # numpy's overflow warnings from inside the interpreter: the comparison
                 # reports what matters (inf where the answer is finite) more clearly.
                 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
@@ -312,6 +316,8 @@ def check(
         finally:
             allocations, recording.allocations = recording.allocations, []
             steps, recording.steps = recording.steps, []
+            if watch is not None:
+                result.grader_calls += [c for c in watch.calls if c not in result.grader_calls]
         if out is not None:
             allocations.append(out)
         launches = tracer.launches if tracer else []
@@ -335,6 +341,7 @@ def check(
                                    seed + 7919 * (index + 1), limit)
 
     result.library_calls = recording.library_calls(spec.library_ops)
+    result.grader_calls += [c for c in recording.grader_calls if c not in result.grader_calls]
     result.triton_launches = dict(recording.triton_launches)
     result.autotuned = dict(recording.autotuned)
     result.cuda_launches = dict(recording.cuda_launches)
@@ -451,6 +458,9 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
     if result.not_implemented:
         return ["not implemented yet: replace `raise NotImplementedError` with your code"]
     causes = []
+    if result.grader_calls:
+        causes.append(f"calls the grader's own {', '.join(result.grader_calls[:4])}: this "
+                      "exercise is answered by your own code, not by the grader's")
     failing = [c for c in result.cases if not c.ok]
     worst = result.worst_case
     if failing and worst is not None:
@@ -477,6 +487,16 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
         causes.append("launched its kernel with one fixed configuration: this exercise asks "
                       "for @triton.autotune to choose among several for each shape")
     return causes
+
+
+@contextlib.contextmanager
+def _maybe_watching(watched: bool, attempt: CaseRun):
+    """Watch a plain-Python candidate's calls into the grader; otherwise do nothing."""
+    if not watched:
+        yield None
+        return
+    with grader_calls.watching(grader_calls.allowed_code(attempt.inputs)) as watch:
+        yield watch
 
 
 @contextlib.contextmanager

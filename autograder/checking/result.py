@@ -102,6 +102,8 @@ class CheckResult:
     cases: list[CaseResult] = field(default_factory=list)
     performance: Performance | None = None
     library_calls: list[str] = field(default_factory=list)
+    # The grader's own functions a plain-Python candidate called (evidence/grader_calls.py).
+    grader_calls: list[str] = field(default_factory=list)
     triton_launches: dict[str, int] = field(default_factory=dict)
     autotuned: dict[str, int] = field(default_factory=dict)  # launches via @triton.autotune
     cuda_launches: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,147 @@
+"""A plain-Python exercise is answered by the learner's code, not the grader's.
+
+A cost formula or a timer launches no kernel to watch: handing back the grader's own
+reference, calling it however indirectly, or timing with the grader's own timer computes
+right answers. The check watches the candidate's calls into the grader
+(evidence/grader_calls.py) and fails each of these, while solutions written in other
+ways, which call only what they were handed, pass."""
+
+import concurrent.futures
+import functools
+import statistics
+import threading
+import time
+
+import pytest
+import torch
+
+from rooflab.autograder import check, get_problem
+from rooflab.autograder.evidence import grader_calls
+from rooflab.autograder.evidence.recording import paused
+from rooflab.autograder.problems.roofline import SimulatedGPU
+
+
+def grade(problem: str, candidate, seed: int | None = None):
+    return check(problem, candidate, seed=seed, show=False, raise_on_failure=False)
+
+
+def reference(problem: str):
+    return get_problem(problem).reference
+
+
+# Honest answers, written otherwise than the course's solutions.
+def cost_vector_add(n, dtype_bytes):
+    return n, sum(n * dtype_bytes for _ in ("x", "y", "out"))
+
+
+def time_floor(flops, nbytes, peak_flops, bandwidth):
+    compute, memory = flops / peak_flops, nbytes / bandwidth
+    return (compute, "compute") if compute > memory else (memory, "memory")
+
+
+def measure(launch, synchronize):
+    launch()  # warm-up
+    synchronize()
+    samples = []
+    for _ in range(15):
+        start = time.perf_counter_ns()
+        launch()
+        synchronize()
+        samples.append((time.perf_counter_ns() - start) * 1e-9)
+    return statistics.median(samples)
+
+
+@pytest.mark.parametrize("problem, candidate", [
+    ("roofline/cost_vector_add", cost_vector_add), ("roofline/time_floor", time_floor),
+    ("roofline/timer", measure)])
+def test_answers_of_the_learners_own_pass(problem, candidate):
+    result = grade(problem, candidate)
+    assert result.passed, result.message()
+    assert result.grader_calls == []
+
+
+def _in_a_thread(function):
+    def candidate(*args):
+        found = []
+        worker = threading.Thread(target=lambda: found.append(function(*args)))
+        worker.start()
+        worker.join()
+        return found[0]
+    return candidate
+
+
+def _in_a_pool(function):
+    def candidate(*args):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(function, *args).result()
+    return candidate
+
+
+HIDING = {
+    "itself": lambda ref: ref,
+    "a lambda": lambda ref: (lambda *args: ref(*args)),
+    "a partial": lambda ref: functools.partial(ref),
+    "a thread": _in_a_thread,
+    "a thread pool": _in_a_pool,
+}
+PLAIN = ["roofline/cost_vector_add", "roofline/cost_softmax", "roofline/cost_matmul",
+         "roofline/cost_attention", "roofline/time_floor", "fsdp/plan", "amp/underflow"]
+
+
+@pytest.mark.parametrize("how", HIDING)
+@pytest.mark.parametrize("problem", PLAIN)
+def test_the_graders_reference_handed_back_fails_however_it_is_called(problem, how):
+    result = grade(problem, HIDING[how](reference(problem)))
+    assert result.failed
+    assert result.grader_calls, result.message()
+    assert "calls the grader's own" in result.causes[0]
+    assert reference(problem).__qualname__ in result.causes[0]
+
+
+def test_a_timer_that_asks_the_grader_for_the_time_fails():
+    from rooflab.autograder.problems.roofline import _STAND_INS
+
+    def peeks(launch, synchronize):  # the stand-in GPU knows its own time
+        return _STAND_INS[launch].one_run_s()
+
+    for candidate, name in [(reference("roofline/timer"), "_true_time"),
+                            (peeks, "SimulatedGPU.one_run_s")]:
+        result = grade("roofline/timer", candidate)
+        assert result.failed and any(name in call for call in result.grader_calls), \
+            result.message()
+
+
+def test_calling_what_the_grader_handed_over_is_allowed():
+    gpu = SimulatedGPU()
+    watch_calls = grader_calls.allowed_code((gpu.launch, [{"gpu": gpu}]))
+    assert SimulatedGPU.launch.__code__ in watch_calls
+    assert SimulatedGPU.one_run_s.__code__ in watch_calls  # a method of an object handed
+
+
+def test_a_class_that_takes_over_the_graders_methods_is_named():
+    class Mine(SimulatedGPU):
+        pass
+
+    assert grader_calls.inherited(Mine) == ["rooflab.autograder.problems.roofline.SimulatedGPU"]
+    assert grader_calls.inherited(dict) == [] and grader_calls.inherited(len) == []
+
+
+def test_pausing_the_recorder_to_hide_library_work_fails():
+    from rooflab.kernels.vector_add import vector_add
+
+    def hides(x, y):
+        out = vector_add(x, y)  # a real launch, for the look of it
+        with paused():
+            out.copy_(torch.add(x, y))
+        return out
+
+    result = grade("coalescing/vector_add", hides)
+    assert result.failed
+    assert "rooflab.autograder.evidence.recording.paused" in result.grader_calls
+
+
+def test_the_same_verdict_for_20_seeds():
+    cheat = HIDING["a lambda"](reference("roofline/cost_vector_add"))
+    for seed in range(20):
+        assert grade("roofline/cost_vector_add", cheat, seed=seed).failed
+        assert grade("roofline/cost_vector_add", cost_vector_add, seed=seed).passed
