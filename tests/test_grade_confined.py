@@ -28,8 +28,6 @@ from rooflab.autograder.confine import why_unavailable
 from rooflab.autograder.grading.release import release
 
 pytest.importorskip("nbclient")
-pytestmark = pytest.mark.skipif(bool(why_unavailable()),
-                                reason=f"no sandbox here: {why_unavailable()}")
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = f"rooflab-leftover-{os.getpid()}"
@@ -111,6 +109,8 @@ def _alive() -> list[int]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    if why_unavailable():
+        pytest.skip(f"no sandbox here: {why_unavailable()}")
     root = tmp_path_factory.mktemp("confined")
     course, handed, out, tmp = root / "course", root / "handed", root / "out", root / "tmp"
     release(ROOT, course)

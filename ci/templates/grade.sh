@@ -9,6 +9,8 @@
 #   GRADE_ARGS  more options for `rooflab grade` (e.g. "--cell-timeout 300")
 #   SKIP_INSTALL=1  rooflab is installed already (a self-hosted runner, a test)
 #
+# Each notebook runs in a sandbox, bubblewrap, which this script installs where it can
+# (apt-get) and allows to make its namespaces (Ubuntu 24.04 restricts them by default).
 # On a CPU runner the gradebook holds correctness and predicted performance; on a GPU
 # runner, measured roofline fractions. Exits 1 when an exercise did not pass, so the job
 # fails; the gradebook is written either way (upload it as an artefact).
@@ -18,6 +20,13 @@ SUBMISSION=${SUBMISSION:-submission}
 LEARNER=${LEARNER:-$(basename "$(realpath "$SUBMISSION")")}
 OUT=${OUT:-gradebook}
 if [ -z "${SKIP_INSTALL:-}" ]; then
+  sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+  if ! command -v bwrap >/dev/null; then
+    $sudo apt-get install -y -qq bubblewrap >/dev/null
+  fi
+  if [ -e /proc/sys/kernel/apparmor_restrict_unprivileged_userns ]; then
+    $sudo sysctl -qw kernel.apparmor_restrict_unprivileged_userns=0
+  fi
   # A CPU runner takes PyTorch's CPU build (200 MB, not several GB of CUDA).
   if ! command -v nvidia-smi >/dev/null; then
     python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
