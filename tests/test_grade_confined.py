@@ -1,11 +1,12 @@
 """`rooflab grade` confines each notebook: tried by hostile learners, end to end on a CPU.
 
-A class of three is graded in the course's own environment, where ``rooflab.kernels``
+A class of four is graded in the course's own environment, where ``rooflab.kernels``
 holds every answer, as the README's instructor command does:
 
 * an honest learner, whose lab 01 passes;
 * one whose lab 01 imports the course's kernels instead of writing them: the sandbox
   mounts the kernels without their answers over the installed ones, so NOT IMPLEMENTED;
+* one whose lab 00 hands in the grader's own references: each exercise fails, naming them;
 * one whose lab 00 tries, from its own cells, everything confinement forbids: reading
   another submission, finding the gradebook through /proc, writing a result of its own
   into it, writing outside its folder, reaching a server of the grader's, and leaving
@@ -50,6 +51,19 @@ IMPORTS_THE_ANSWERS = {
     "01-010": lambda s: "from rooflab.kernels.strided_copy import strided_copy\n",
     "01-027": lambda s: "from rooflab.kernels.transpose import transpose\n",
 }
+
+
+# Lab 00's six exercises, each handed in as the grader's own reference.
+LAB00 = {"00-005": ("cost_vector_add", "roofline/cost_vector_add"),
+         "00-008": ("cost_softmax", "roofline/cost_softmax"),
+         "00-011": ("cost_matmul", "roofline/cost_matmul"),
+         "00-014": ("cost_attention", "roofline/cost_attention"),
+         "00-017": ("time_floor", "roofline/time_floor"),
+         "00-028": ("measure", "roofline/timer")}
+BORROWS_THE_REFERENCES = {
+    cell: (lambda s, name=name, problem=problem: "from rooflab.autograder import get_problem\n"
+           f"{name} = get_problem({problem!r}).reference\n")
+    for cell, (name, problem) in LAB00.items()}
 
 
 def _daemon(what: str) -> str:
@@ -122,6 +136,7 @@ def graded(tmp_path_factory):
              "other": handed / "alice.ipynb"}
     notebooks = {"alice": _solved("01_coalescing"),
                  "mallory": _with(_solved("01_coalescing"), IMPORTS_THE_ANSWERS),
+                 "trent": _with(_solved("00_roofline"), BORROWS_THE_REFERENCES),
                  "oscar": _hostile(paths)}
     for learner, notebook in notebooks.items():
         (handed / f"{learner}.ipynb").write_text(json.dumps(notebook))
@@ -166,6 +181,13 @@ def test_importing_the_courses_kernels_gets_their_stubs(graded):
     assert verdicts == {"coalescing/vector_add": "NOT IMPLEMENTED",
                         "coalescing/strided_copy": "NOT IMPLEMENTED",
                         "coalescing/transpose": "NOT IMPLEMENTED"}, verdicts
+
+
+def test_handing_in_the_graders_references_fails_every_exercise(graded):
+    grades = graded["results"]["trent"]["grades"]
+    assert [g["verdict"] for g in grades] == ["FAIL"] * 6, grades
+    for grade in grades:
+        assert "calls the grader's own rooflab.autograder.problems.roofline" in grade["message"]
 
 
 def test_a_notebook_sees_no_other_submission_no_gradebook_and_no_grader(graded):
