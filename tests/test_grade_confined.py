@@ -234,3 +234,44 @@ def test_grading_refuses_to_run_without_bubblewrap(tmp_path):
                           timeout=120, env=dict(os.environ, PATH=str(tmp_path)))
     assert done.returncode == 2
     assert "bubblewrap is not installed" in done.stderr and "--unconfined" in done.stderr
+
+
+def test_the_kernels_a_graded_notebook_imports_are_stubs_for_20_seeds(tmp_path):
+    """What the sandbox mounts over the installed kernels: the course's modules with their
+    answers replaced by stubs, so importing one is NOT IMPLEMENTED, whatever the inputs."""
+    import importlib.util
+
+    from rooflab.autograder import check
+    from rooflab.autograder.confine import package_folder
+    from rooflab.autograder.course.answers import holds_answers, write_without_answers
+
+    installed = package_folder("rooflab.kernels")
+    released = write_without_answers(installed, tmp_path / "kernels")
+    assert holds_answers(installed) and holds_answers(released) == []
+    spec = importlib.util.spec_from_file_location("released_vector_add",
+                                                  released / "vector_add.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for seed in range(20):
+        result = check("coalescing/vector_add", module.vector_add, seed=seed, show=False,
+                       raise_on_failure=False)
+        assert result.verdict == "NOT IMPLEMENTED", result.message()
+
+
+def test_a_record_counts_for_the_cell_that_was_running_when_it_was_written(tmp_path):
+    """execute.py takes each cell's records out of the kernel's folder as the cell ends:
+    one written in an earlier cell (or by something left running) is not the check's."""
+    from rooflab.autograder.grading.execute import take_records
+    from rooflab.autograder.grading.grade import taken_records
+
+    records, taken = tmp_path / "records", tmp_path / "taken"
+    records.mkdir()
+    forged = {"cell": "00-006", "problem": "roofline/cost_vector_add", "verdict": "PASS"}
+    (records / "001.json").write_text(json.dumps(forged))
+    (records / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    take_records(records, taken / "00-005")  # written during a learner's cell
+    take_records(records, taken / "00-006")  # the check cell itself left nothing
+    assert list(records.iterdir()) == []
+    [(record, outputs)] = taken_records(taken)
+    assert record["cell"] == "00-005"  # not what the record says
+    assert outputs == taken / "00-005" / "001-outputs.pt"
