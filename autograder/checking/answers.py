@@ -4,7 +4,9 @@ Under ``rooflab check`` (``isolated.py``) and ``rooflab grade`` (``handin.py``) 
 case's answer crosses into the grader's process as a file, which the grader loads with
 ``torch.load(weights_only=True)``: that runs no code from the file, and so loads only
 tensors, numbers, strings, and tuples, lists and dicts of them. An answer is saved in
-those types: numpy becomes torch or Python, anything else its repr.
+those types: numpy becomes torch or Python, anything else its repr. A case on N ranks
+saves, as its answer, what each rank returned and each rank's log of calls
+(``rank_check.kept``): a dict, by name.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def portable(answer: object) -> object:
         return answer.item()
     if isinstance(answer, (tuple, list)):
         return type(answer)(portable(item) for item in answer)
+    if isinstance(answer, dict) and all(isinstance(key, str) for key in answer):
+        return {key: portable(value) for key, value in answer.items()}
     return repr(answer)
 
 

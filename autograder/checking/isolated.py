@@ -170,16 +170,22 @@ def _ended_without_verdict(status: int) -> str:
 
 def recheck(spec: Problem, outputs_path: Path, seed: int) -> str:
     """Check every case's answer again, here, on the same inputs (same seed): "" if all
-    are right, else the first that is not."""
+    are right, else the first that is not. A problem on N ranks is judged again from what
+    its ranks returned and recorded."""
     from ..device import current, interpreter_enabled
+    from ..ranks import RanksProblem
     from .engine import INTERPRETER_SKIPS, CaseRun
+    from .rank_check import recheck_ranks
 
-    if not spec.deterministic_reference:
+    ranks = isinstance(spec, RanksProblem)
+    if not spec.deterministic_reference and not ranks:
         return ""  # its answer depends on the run itself (a timer): the child's word only
     try:
         outputs = answers.load(outputs_path)
     except Exception:  # noqa: BLE001 (missing, corrupt or hostile: all the same here)
         return "its answers never reached the grader"
+    if ranks:
+        return recheck_ranks(spec, outputs, seed)
     info = current()
     dev = torch.device(info.torch_device)
     for index, case in enumerate(spec.cases(info.can_measure)):

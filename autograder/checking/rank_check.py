@@ -6,6 +6,12 @@ and the call records come back, and each case is judged in this process, against
 problem's own reference: nothing the ranks do can change the verdict on their answers.
 A case that hangs, or in which a rank raises or dies, is reported here rank by rank
 (``ranks/report.py``); one that ends with every rank returning goes to the problem's ``grade``.
+
+That judging runs in the process that called ``check``: under ``rooflab check`` or
+``rooflab grade`` the candidate's own, where its module could have replaced ``grade`` or
+what it calls. So ``keep_outputs`` keeps, for each case, what every rank returned and its
+record of calls (``kept``), and the grader's process judges them again with its own copy
+of the problem (``recheck_ranks``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from collections.abc import Callable
 import torch
 
 from ..evidence.compare import CaseResult
-from ..ranks import launch, report, transport
+from ..problem import Case
+from ..ranks import launch, record, report, transport
 from ..ranks.problem import RanksProblem, world_size
 from .result import CheckResult
 from .time_limit import ENV as TIME_LIMIT_ENV
@@ -37,9 +44,7 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
     """Grade ``candidate`` on every case of ``spec``; the CheckResult, shown by no one."""
     result = CheckResult(spec.id, MODE, seed)
     limit = time_limit(spec, time_limit_s)
-    cases = list(spec.cases(on_gpu=False)) or list(spec.gpu_cases)
-    inputs = [spec.make_inputs(case, torch.Generator().manual_seed(seed + index),
-                               torch.device("cpu")) for index, case in enumerate(cases)]
+    cases, inputs = case_inputs(spec, seed)
     launched = launch.run(candidate, [(world_size(case), per_rank) for case, per_rank
                                       in zip(cases, inputs, strict=True)], limit,
                           harness=spec.harness, preload=spec.preload)
@@ -73,9 +78,61 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
             judged.details += report.printed(run)
         result.cases.append(judged)
         if keep_outputs:
-            result.outputs[index] = tuple(outputs)
+            result.outputs[index] = kept(outputs, [rank.log for rank in run.ranks])
     result.causes = _causes(result)
     return result
+
+
+def case_inputs(spec: RanksProblem, seed: int) -> tuple[list[Case], list[list[tuple]]]:
+    """The cases a check runs, and each one's inputs (a tuple per rank), case i's drawn
+    from ``seed + i``. Gloo processes on a CPU in either world: the same cases in both."""
+    cases = list(spec.cases(on_gpu=False)) or list(spec.gpu_cases)
+    inputs = [spec.make_inputs(case, torch.Generator().manual_seed(seed + index),
+                               torch.device("cpu")) for index, case in enumerate(cases)]
+    return cases, inputs
+
+
+def kept(outputs: list[object], logs: list[record.RankLog]) -> dict:
+    """A case's answer as a grader in another process needs it: what each rank returned
+    and each rank's log as it wrote it (``answers.save`` carries both)."""
+    return {"outputs": list(outputs), "logs": [log.text for log in logs]}
+
+
+def recheck_ranks(spec: RanksProblem, saved: object, seed: int) -> str:
+    """Judge each case again, here, with this process's ``spec.grade``: on inputs made
+    from ``seed``, what ``kept`` saved of its ranks. "" if every case passes, else the
+    first that does not, in words."""
+    assert spec.grade is not None, f"{spec.id}: a RanksProblem needs grade"
+    cases, inputs = case_inputs(spec, seed)
+    by_case = saved if isinstance(saved, dict) else {}
+    for index, case in enumerate(cases):
+        answer = _unpacked(by_case.get(index), world_size(case))
+        if answer is None:
+            return f"no answer for {case.label} reached the grader"
+        outputs, logs = answer
+        try:
+            judged = spec.grade(case, inputs[index], outputs, logs)
+        except Exception as error:  # noqa: BLE001 (what came back is not what ranks return)
+            return (f"wrong on {case.label}: the grader could not judge what its ranks "
+                    f"returned ({type(error).__name__}: {error})")
+        if not judged.ok:
+            return f"wrong on {case.label}: {judged.explained}"
+    return ""
+
+
+def _unpacked(answer: object, world: int) -> tuple[list, list[record.RankLog]] | None:
+    """Each rank's output and log from what ``kept`` saved; None unless one of each came
+    for every rank."""
+    if not isinstance(answer, dict):
+        return None
+    outputs, logs = answer.get("outputs"), answer.get("logs")
+    if not (isinstance(outputs, list) and isinstance(logs, list) and
+            len(outputs) == len(logs) == world and all(isinstance(t, str) for t in logs)):
+        return None
+    try:
+        return outputs, [record.parse(text, rank) for rank, text in enumerate(logs)]
+    except Exception:  # noqa: BLE001 (a line that is JSON but no event of a rank's)
+        return None
 
 
 def _why_not_run(before: list[launch.CaseRun]) -> str:

@@ -336,9 +336,6 @@ register(RanksProblem(
     gpu_cases=CASES,  # gloo processes in both worlds: one GPU cannot host N NCCL ranks
     grade=grade,
     solution="rooflab.kernels.collectives:ring_allreduce",
-    # Every answer is judged in the grader's own process already; `rooflab check` cannot
-    # recheck answers per rank (its recheck knows single-process cases), so it trusts it.
-    deterministic_reference=False,
     hints=("Flatten x and cut it into N chunks whose sizes differ by at most one "
            "(torch.tensor_split takes any size). N − 1 steps send a chunk to the right "
            "neighbour and add the chunk arriving from the left into your own copy of it; N − "

@@ -410,7 +410,6 @@ for _prefetch, _id, _title in ((False, "fsdp/zero3", "FSDP (ZeRO-3) from scratch
         harness=train,
         preload=("torch._dynamo", "rooflab.kernels.fsdp"),
         solution="rooflab.kernels.fsdp:shard_layers",
-        deterministic_reference=False,
         # Five steps of a small model on 4 ranks: a second or two; a hang shows at once.
         time_limit_s=30.0,
         hints=PREFETCH_HINTS if _prefetch else HINTS,

@@ -111,6 +111,9 @@ class RankLog:
     waiting_at: tuple[str, int, str] | None = None  # the learner's line that waits
     last: Call | None = None  # its last call, when it was in none
     marks: list[Mark] = field(default_factory=list)  # what the grader's own code noted
+    # The log as the rank wrote it, one JSON event a line: what ``parse`` reads back, and
+    # what a grader in another process is sent to judge the calls again.
+    text: str = field(default="", repr=False, compare=False)
 
     def sends(self) -> list[Call]:
         return [call for call in self.calls if call.is_send]
@@ -333,16 +336,21 @@ def grader_failed(text: str) -> None:
 
 def read(path: Path, rank: int) -> RankLog:
     """A rank's log as the grader sees it (an empty RankLog if it wrote nothing)."""
-    log = RankLog(rank)
     try:
-        lines = path.read_bytes().split(b"\n")
+        text = path.read_bytes().decode(errors="replace")
     except OSError:
-        return log
+        return RankLog(rank)
+    return parse(text, rank)
+
+
+def parse(text: str, rank: int) -> RankLog:
+    """A rank's log from the lines it wrote (``RankLog.text``)."""
+    log = RankLog(rank, text=text)
     by_seq: dict[int, Call] = {}
     steps = {True: 0, False: 0}  # sends, receives made so far
     open_seq: int | None = None  # a blocking call not come back from
     waiting: list[int] = []
-    for line in lines:
+    for line in text.split("\n"):
         try:
             event = json.loads(line)
         except ValueError:  # a torn last line, or the empty string after the last newline
