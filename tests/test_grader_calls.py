@@ -145,3 +145,33 @@ def test_the_same_verdict_for_20_seeds():
     for seed in range(20):
         assert grade("roofline/cost_vector_add", cheat, seed=seed).failed
         assert grade("roofline/cost_vector_add", cost_vector_add, seed=seed).passed
+
+
+def test_rooflab_check_fails_a_borrowed_reference_the_child_called_a_pass(tmp_path, capsys):
+    """The candidate's module patches the child's engine so that its check passes; the
+    child's report still names the grader's function it called, and the parent fails it."""
+    from rooflab.autograder.cli import main
+
+    cheat = tmp_path / "cheat.py"
+    cheat.write_text(
+        "import rooflab.autograder.checking.engine as engine\n"
+        "from rooflab.autograder import get_problem\n"
+        "engine._causes = lambda spec, result: []  # the child's verdict, patched\n"
+        "cost = get_problem('roofline/cost_vector_add').reference\n")
+    code = main(["check", "roofline/cost_vector_add", f"{cheat}:cost"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "calls the grader's own rooflab.autograder.problems.roofline" in out
+    assert "checked again outside the candidate's process" in out
+
+
+def test_rooflab_grade_fails_a_record_that_passes_and_names_a_grader_call(tmp_path):
+    from rooflab.autograder.grading.cells import Exercise
+    from rooflab.autograder.grading.verdicts import grade_exercises
+
+    exercise = Exercise("00-006", "roofline/cost_vector_add")
+    record = {"cell": "00-006", "problem": exercise.problem_id, "seed": 5, "verdict": "PASS",
+              "message": "PASS", "replaced": [], "grader_calls": ["x.reference"]}
+    run = {"cells": [{"index": 3, "id": "00-006", "seconds": 0.1, "error": ""}]}
+    [grade] = grade_exercises([exercise], run, [(record, tmp_path / "none.pt")], seed=5)
+    assert grade.verdict == "FAIL" and "calls the grader's own x.reference" in grade.message

@@ -459,8 +459,7 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
         return ["not implemented yet: replace `raise NotImplementedError` with your code"]
     causes = []
     if result.grader_calls:
-        causes.append(f"calls the grader's own {', '.join(result.grader_calls[:4])}: this "
-                      "exercise is answered by your own code, not by the grader's")
+        causes.append(grader_calls.cause(result.grader_calls))
     failing = [c for c in result.cases if not c.ok]
     worst = result.worst_case
     if failing and worst is not None:

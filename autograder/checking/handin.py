@@ -117,6 +117,7 @@ def keep(result: object) -> None:
     record = {"cell": _cell, "problem": result.problem_id, "seed": result.seed,
               "verdict": result.verdict, "line": result.line, "message": result.message(),
               "mode": result.mode, "replaced": replaced(),
+              "grader_calls": result.grader_calls,
               "performance": performance(result)}
     partial = Path(f"{stem}.json.partial")
     partial.write_text(json.dumps(record))

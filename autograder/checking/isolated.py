@@ -40,6 +40,7 @@ import torch
 
 from .. import problems
 from ..confine import Sandbox, package_folder, why_unavailable
+from ..evidence import grader_calls
 from ..problem import Problem
 from . import answers
 from . import time_limit as limits
@@ -108,7 +109,8 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
             text = report["line"] if report["verdict"] == "NEEDS A GPU" and not verbose \
                 else report["message"]
             return Verdict(EXIT_CODES.get(report["verdict"], EXIT_FAIL), text)
-        wrong = recheck(spec, Path(into) / "outputs.pt", seed)
+        wrong = grader_calls.cause(report.get("grader_calls")) or \
+            recheck(spec, Path(into) / "outputs.pt", seed)
         if wrong:
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
                                       f"the candidate's process; inputs seed {seed})")
@@ -229,7 +231,8 @@ def _child(argv: list[str]) -> int:
         return _write(args.into, {"verdict": "FAIL", "line": line, "message": line})
     answers.save(result.outputs, args.into / "outputs.pt")
     return _write(args.into, {"verdict": result.verdict, "line": result.line,
-                              "message": result.message()})
+                              "message": result.message(),
+                              "grader_calls": result.grader_calls})
 
 
 def _write(into: Path, report: dict) -> int:

@@ -51,6 +51,17 @@ def whose(filename: str) -> str:
     return LEARNER
 
 
+def cause(calls: object) -> str:
+    """Why a candidate that called the grader fails, in words ("" if it called none).
+    ``calls``: the names, as a check noted them, or as a record carried them (read
+    whatever came: a record may be anything)."""
+    if not calls:
+        return ""
+    calls = [str(c) for c in calls] if isinstance(calls, list) else [str(calls)]
+    return (f"calls the grader's own {', '.join(calls[:4])}: this exercise is answered by "
+            "your own code, not by the grader's")
+
+
 def as_learner(candidate: Callable) -> Callable:
     """``candidate``, entered through a frame of the learner's own: a candidate that *is*
     one of the grader's functions (or a partial of one) is then a call from the learner

@@ -5,7 +5,8 @@ A notebook's own output proves nothing: a learner's code shares the kernel with 
 and can print "PASS", patch the comparison, or skip the check. So an exercise passes only
 when its check cell left a record (``checking/handin.py``) that says so, the timers and
 the grader were not replaced before it, and every answer in that record is right when
-checked again here against this process's own reference (isolated.recheck).
+checked again here against this process's own reference (isolated.recheck), and it
+names none of the grader's own functions called by a plain-Python candidate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from .. import problems
 from ..checking.isolated import recheck
+from ..evidence import grader_calls
 from .cells import Exercise
 
 
@@ -88,6 +90,9 @@ def _judge(exercise: Exercise, rec: dict, outputs: Path, seconds: float, seed: i
         return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
                      f"the notebook replaced {names} before this check: a time or a verdict "
                      "from a patched timer or grader proves nothing", seconds)
+    borrowed = grader_calls.cause(rec.get("grader_calls"))
+    if verdict == "PASS" and borrowed:  # the record contradicts itself: it was written so
+        return Grade(exercise.problem_id, exercise.cell_id, "FAIL", borrowed, seconds)
     if verdict == "PASS" and rec.get("seed") != seed:
         return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
                      "the check ran on inputs other than the grader's", seconds)
