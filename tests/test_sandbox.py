@@ -134,3 +134,16 @@ def test_an_overlay_replaces_a_folder_it_sees(tmp_path):
     done = confined(tmp_path, f"print(open({str(real / 'module.py')!r}).read())",
                     read_only=[real], overlays={real: stand_in})
     assert done.stdout.strip() == "stub", done.stderr
+
+
+@pytest.mark.gpu
+def test_a_gpu_is_seen_inside(tmp_path):
+    from rooflab.autograder.confine import package_folder
+
+    done = confined(tmp_path, """
+        import torch
+        x = torch.ones(1 << 20, device="cuda")
+        print(torch.cuda.get_device_name(), float(x.sum()))
+        """, read_only=[package_folder("rooflab.autograder")])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == str(float(1 << 20))

@@ -34,7 +34,8 @@ TIMERS = ["time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.t
 GRADER_MODULES = ["rooflab.autograder", "rooflab.autograder.checking.engine",
                   "rooflab.autograder.device.timing", "rooflab.autograder.checking.result",
                   "rooflab.autograder.evidence.compare", "rooflab.autograder.problem",
-                  "rooflab.autograder.checking.handin"]
+                  "rooflab.autograder.checking.handin", "rooflab.autograder.evidence.recording",
+                  "rooflab.autograder.evidence.grader_calls"]
 
 _noted: dict[str, int] = {}  # name -> id() of the object when the autograder was imported
 _cell = ""
