@@ -98,13 +98,18 @@ def _hostile(paths: dict) -> dict:
            f"    socket.create_connection(('127.0.0.1', {paths['port']}), timeout=2)\n"
            "    _reached = True\nexcept OSError:\n    _reached = False\n")
     rewrite = f"open({result!r}, 'w').write({forged!r})"
+    # Its records folder swapped for a link to a folder of the grader's, which the grader,
+    # taking the records out, would empty.
+    swap = ("import os, shutil\n_into = os.environ['ROOFLAB_GRADE_INTO']\ntry:\n"
+            "    shutil.rmtree(_into)\nexcept OSError:\n    pass\ntry:\n"
+            f"    os.symlink({str(paths['victim'])!r}, _into)\nexcept OSError:\n    pass\n")
     return _with(_solved("00_roofline"), {
         "00-005": lambda s: s + "\n" + reads + wrong_if("_seen", "cost_vector_add"),
         "00-008": lambda s: s + "\n" + proc + wrong_if("_found", "cost_softmax"),
         "00-011": lambda s: s + "\n" + writes + wrong_if("_wrote", "cost_matmul"),
         "00-017": lambda s: s + "\n" + net + wrong_if("_reached", "time_floor"),
         # A background process that rewrites its result later, from a cell that goes on...
-        "00-028": lambda s: _daemon(rewrite) + s,
+        "00-028": lambda s: _daemon(rewrite) + swap + s,
         # ... and one left by a cell that ends the kernel.
         "00-014": lambda s: _daemon(rewrite) + "import os\nos._exit(1)\n" + s,
     })
@@ -128,12 +133,14 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("confined")
     course, handed, out, tmp = root / "course", root / "handed", root / "out", root / "tmp"
     release(ROOT, course)
-    for folder in (handed, tmp):
-        folder.mkdir()
+    victim = root / "victim"
+    for folder in (handed, tmp, victim / "inner"):
+        folder.mkdir(parents=True)
+    (victim / "001.json").write_text("the grader's")
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     paths = {"out": out, "labs": course / "labs", "tmp": tmp, "port": server.getsockname()[1],
-             "other": handed / "alice.ipynb"}
+             "other": handed / "alice.ipynb", "victim": victim}
     notebooks = {"alice": _solved("01_coalescing"),
                  "mallory": _with(_solved("01_coalescing"), IMPORTS_THE_ANSWERS),
                  "trent": _with(_solved("00_roofline"), BORROWS_THE_REFERENCES),
@@ -208,6 +215,12 @@ def test_a_notebook_reaches_no_network_but_its_own_loopback(graded):
     assert not graded["connected"]
 
 
+def test_a_notebook_cannot_make_the_grader_touch_a_folder_of_its_own(graded):
+    victim = graded["paths"]["victim"]
+    assert (victim / "001.json").read_text() == "the grader's" and (victim / "inner").is_dir()
+    assert _verdicts(graded["results"]["oscar"])["roofline/timer"] == "PASS"
+
+
 def test_nothing_a_notebook_starts_outlives_it_or_rewrites_its_result(graded):
     assert graded["left"] == []
     oscar = graded["results"]["oscar"]
@@ -268,10 +281,18 @@ def test_a_record_counts_for_the_cell_that_was_running_when_it_was_written(tmp_p
     records.mkdir()
     forged = {"cell": "00-006", "problem": "roofline/cost_vector_add", "verdict": "PASS"}
     (records / "001.json").write_text(json.dumps(forged))
-    (records / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "002.json").write_text("the grader's")
+    (records / "003.json").symlink_to(tmp_path / "elsewhere" / "002.json")
     take_records(records, taken / "00-005")  # written during a learner's cell
     take_records(records, taken / "00-006")  # the check cell itself left nothing
-    assert list(records.iterdir()) == []
+    assert [p.name for p in records.iterdir()] == ["003.json"]  # a link: left where it is
     [(record, outputs)] = taken_records(taken)
     assert record["cell"] == "00-005"  # not what the record says
     assert outputs == taken / "00-005" / "001-outputs.pt"
+    # The records folder itself a link: nothing is taken through it.
+    records.rename(tmp_path / "old")
+    records.symlink_to(tmp_path / "elsewhere")
+    take_records(records, taken / "00-009")
+    assert (tmp_path / "elsewhere" / "002.json").read_text() == "the grader's"
+    assert not (taken / "00-009").exists()

@@ -126,6 +126,22 @@ def test_it_inherits_none_of_the_graders_secrets(tmp_path, monkeypatch):
     assert done.stdout.split() == ["None", "7"], done.stderr
 
 
+def test_a_pinned_folder_cannot_be_replaced_by_a_link(tmp_path):
+    (tmp_path / "box" / "records").mkdir(parents=True)
+    done = confined(tmp_path, """
+        import os, shutil
+        for how in (lambda p: shutil.rmtree(p), lambda p: os.rename(p, p + ".old")):
+            try:
+                how("records")
+                print("replaced")
+            except OSError as error:
+                print("refused", type(error).__name__)
+        open("records/001.json", "w").write("{}")
+        """, pinned=[tmp_path / "box" / "records"])
+    assert done.stdout.split() == ["refused", "OSError", "refused", "OSError"], done
+    assert (tmp_path / "box" / "records" / "001.json").exists()  # still its own to write
+
+
 def test_an_overlay_replaces_a_folder_it_sees(tmp_path):
     real, stand_in = tmp_path / "real", tmp_path / "stand-in"
     for folder, text in ((real, "answer"), (stand_in, "stub")):

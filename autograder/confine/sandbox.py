@@ -51,6 +51,9 @@ class Sandbox:
     read_only: list[Path] = field(default_factory=list)
     # Inside path -> the folder mounted there instead (read-only).
     overlays: dict[Path, Path] = field(default_factory=dict)
+    # Folders in scratch mounted on their own: the graded code writes in them, but cannot
+    # remove, rename or replace them (by a link to elsewhere, say) for the grader to read.
+    pinned: list[Path] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
     def command(self, argv: list[str], cwd: Path | None = None) -> list[str]:
@@ -65,6 +68,8 @@ class Sandbox:
         for inside, outside in self.overlays.items():
             args += ["--ro-bind", str(outside.resolve()), str(inside)]
         args += ["--bind", str(scratch), str(scratch)]
+        for path in self.pinned:
+            args += ["--bind", str(path.resolve()), str(path.resolve())]
         for node in gpu_nodes():
             args += ["--dev-bind", node, node]
         args += ["--clearenv"]

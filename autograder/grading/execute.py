@@ -8,9 +8,10 @@ ended with everything it started. It runs no learner code itself. Here:
 * a fresh IPython kernel of this Python runs the notebook cell by cell (nbclient, as nbval
   does), with a time limit per cell (the kernel is interrupted, and the cell fails);
 * the kernel runs in a sandbox (``confine/``): it can write only to its own folder
-  (``--into``/box), sees the course's kernels without their answers (``--overlay``), has
-  no network but its own loopback, and every process it starts ends with it. Its
-  channels to this process are Unix sockets in that folder;
+  (``--into``/box-N, a new one each time the notebook runs), sees the course's kernels
+  without their answers (``--overlay``), has no network but its own loopback, and every
+  process it starts ends with it. Its channels to this process are Unix sockets in that
+  folder;
 * the kernel inherits a cap on its address space (``--memory``): a huge allocation fails
   as a MemoryError in its cell;
 * a cell that ends the kernel (``os._exit``, a segfault, ``sys.exit`` in a thread, the
@@ -25,12 +26,15 @@ ended with everything it started. It runs no learner code itself. Here:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
 import resource
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..checking import handin
@@ -79,21 +83,25 @@ def _error_output(name: str, value: str) -> dict:
     return {"output_type": "error", "ename": name, "evalue": value, "traceback": []}
 
 
-def run(notebook: dict, into: Path, cell_timeout: float, sandbox: Sandbox | None) -> dict:
+def run(notebook: dict, into: Path, cell_timeout: float,
+        confine: Callable[[Path], Sandbox] | None) -> dict:
     """Run ``notebook`` (nbformat 4 as a dict), keeping its outputs; return what happened:
-    each code cell's error (if any) and seconds, and the cells that ended the kernel."""
+    each code cell's error (if any) and seconds, and the cells that ended the kernel. Each
+    run of it gets a new box (``into``/box-N), in a sandbox made by ``confine`` unless it
+    is None: nothing a kernel left in its box is touched by this process, but its records."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
     crashed: dict[int, str] = {}
-    box = into / "box"
-    records, taken = box / "records", into / TAKEN
-    for _ in range(RESTARTS + 1):
-        for folder in (records, taken):  # a rerun's records replace the last's
-            shutil.rmtree(folder, ignore_errors=True)
+    taken = into / TAKEN
+    for attempt in range(RESTARTS + 1):
+        shutil.rmtree(taken, ignore_errors=True)  # a rerun's records replace the last's
+        box = into / f"box-{attempt}"
+        records = box / "records"
+        for folder in (records, box / "work"):
             folder.mkdir(parents=True)
-        (box / "work").mkdir(parents=True, exist_ok=True)
+        sandbox = confine(box) if confine is not None else None
         nb = nbformat.from_dict(json.loads(json.dumps(notebook)))
         client = without_output_widgets(NotebookClient(
             nb, km=_kernel_manager(box, sandbox), timeout=cell_timeout,
@@ -139,16 +147,27 @@ def run(notebook: dict, into: Path, cell_timeout: float, sandbox: Sandbox | None
 TAKEN = "taken"  # into/taken/<cell id>/: the records each cell left, out of the kernel's reach
 
 
+RECORD = re.compile(r"\d+(\.json|-outputs\.pt)")  # what handin.keep writes
+
+
 def take_records(records: Path, into: Path) -> None:
-    """Move every record in ``records`` (the kernel's) into ``into`` (the grader's)."""
-    for path in sorted(records.iterdir()):
-        if path.is_file() and not path.is_symlink():
-            into.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(path), into / path.name)
-        elif path.is_dir() and not path.is_symlink():  # no record of ours
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink()
+    """Move every record in ``records`` (the kernel's) into ``into`` (the grader's).
+
+    The kernel can write in ``records``: it could put a link there, or the folder itself
+    could be a link (the sandbox mounts it on its own, so that it cannot be replaced, and
+    unconfined it could). So the folder is opened without following a link, and only the
+    plain files named as records are moved, by name within it; nothing else is touched."""
+    try:
+        folder = os.open(records, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return  # gone, or a link: no record came from it
+    try:
+        for entry in os.scandir(folder):
+            if RECORD.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                into.mkdir(parents=True, exist_ok=True)
+                os.rename(entry.name, into / entry.name, src_dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def _kernel_env(records: Path) -> dict[str, str]:
@@ -158,9 +177,9 @@ def _kernel_env(records: Path) -> dict[str, str]:
 
 
 def sandbox_for(box: Path, read_only: list[Path], overlays: list[str]) -> Sandbox:
-    """The kernel's sandbox: writes to ``box`` only; ``overlays`` are INSIDE=OUTSIDE. It
-    starts with a copy of the grader's cache (the ceilings measured on this card), so that
-    no notebook measures them again."""
+    """The kernel's sandbox: writes to ``box`` only, its records folder mounted on its
+    own; ``overlays`` are INSIDE=OUTSIDE. It starts with a copy of the grader's cache
+    (the ceilings measured on this card), so that no notebook measures them again."""
     from ..device.roofline import cache_dir
 
     cache = box / "home" / ".cache" / "rooflab"
@@ -169,6 +188,7 @@ def sandbox_for(box: Path, read_only: list[Path], overlays: list[str]) -> Sandbo
     pairs = dict(item.split("=", 1) for item in overlays)
     return Sandbox(box, read_only=read_only,
                    overlays={Path(k): Path(v) for k, v in pairs.items()},
+                   pinned=[box / "records"],
                    env={handin.INTO_ENV: str(box / "records"), "ROOFLAB_CACHE_DIR": str(cache)})
 
 
@@ -191,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="OUTSIDE mounted over INSIDE, read-only, in the sandbox")
     args = parser.parse_args(argv)
     cap_memory(args.memory)
-    box = args.into / "box"
-    sandbox = None if args.unconfined else sandbox_for(box, args.read_only, args.overlay)
-    outcome = run(json.loads(args.notebook.read_text()), args.into, args.cell_timeout, sandbox)
+    confine = None if args.unconfined else functools.partial(
+        sandbox_for, read_only=args.read_only, overlays=args.overlay)
+    outcome = run(json.loads(args.notebook.read_text()), args.into, args.cell_timeout, confine)
     partial = args.into / "run.json.partial"
     partial.write_text(json.dumps(outcome))
     partial.replace(args.into / "run.json")
