@@ -399,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "did not pass (CI grading one learner's push)")
     p.add_argument("--merge", action="store_true",
                    help="SUBMISSIONS are shard folders: join their results into OUT (each "
-                   "must hold results, and no learner's lab may be in two)")
+                   "may be empty, and no learner's lab may be in two)")
     p.add_argument("--pick", choices=("error", "newest"), default="error",
                    help="a learner's several notebooks for one lab: error (default: none "
                    "is graded, the gradebook says so) or newest (the last modified; the "

@@ -1,6 +1,6 @@
 """`rooflab grade` on a class as handed in: one result per learner and lab, whatever a
-learner handed in twice; shards that merge only when each is there and none repeats
-another; and a roster, to name who handed in nothing."""
+learner handed in twice; shards that merge only when each folder is there and none
+repeats another; and a roster, to name who handed in nothing."""
 
 import copy
 import csv
@@ -147,17 +147,23 @@ def test_resume_skips_a_graded_lab_and_not_one_left_ungraded(tmp_path):
 
 # --- merging shards ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bad", ["missing", "empty", "no-results"])
-def test_merge_refuses_a_shard_that_is_missing_or_holds_no_result(tmp_path, bad):
+def test_merge_refuses_a_shard_folder_that_does_not_exist(tmp_path):
     _result(tmp_path / "s1", "alice")
-    shard = tmp_path / bad
-    if bad == "empty":
-        (shard / "results").mkdir(parents=True)
-    elif bad == "no-results":
-        (shard / "other").mkdir(parents=True)
+    shard = tmp_path / "missing"
     with pytest.raises(ValueError, match=re.escape(str(shard))):
         gradebook.merge([tmp_path / "s1", shard], tmp_path / "all")
     assert not (tmp_path / "all").exists()  # nothing half merged
+
+
+@pytest.mark.parametrize("empty", ["results-empty", "no-results"])
+def test_merge_takes_a_shard_that_got_no_notebook(tmp_path, empty):
+    # A CI matrix wider than a small class leaves some shards with nothing to grade.
+    _result(tmp_path / "s1", "alice")
+    shard = tmp_path / empty
+    (shard / ("results" if empty == "results-empty" else "other")).mkdir(parents=True)
+    gradebook.merge([tmp_path / "s1", shard], tmp_path / "all")
+    book = json.loads((tmp_path / "all" / "gradebook.json").read_text())
+    assert [r["learner"] for r in book["results"]] == ["alice"]
 
 
 def test_merge_refuses_a_learners_lab_in_two_shards(tmp_path):
@@ -244,10 +250,11 @@ SOLVED = json.loads((ROOT / "solutions" / "00_roofline.ipynb").read_text())
 def _wrong() -> dict:
     """The solved notebook with one wrong answer (cost_softmax)."""
     notebook = copy.deepcopy(SOLVED)
-    for cell in notebook["cells"]:
-        if cell["id"] == "00-008":
-            cell["source"] = "".join(cell["source"]).replace("flops = 5 * elements",
-                                                             "flops = 4 * elements")
+    [cell] = [c for c in notebook["cells"] if c["id"] == "00-008"]
+    source = "".join(cell["source"])
+    # Without the line to break, the notebook stays solved and the test tests nothing.
+    assert "flops = 5 * elements" in source, "cell 00-008 no longer holds the answer"
+    cell["source"] = source.replace("flops = 5 * elements", "flops = 4 * elements")
     return notebook
 
 
