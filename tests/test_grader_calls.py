@@ -98,6 +98,102 @@ def test_the_graders_reference_handed_back_fails_however_it_is_called(problem, h
     assert reference(problem).__qualname__ in result.causes[0]
 
 
+def _switched_off(function):
+    def candidate(*args):
+        import sys
+
+        sys.setprofile(None)
+        return function(*args)
+    return candidate
+
+
+def _switched_off_and_on(function):
+    def candidate(*args):
+        import sys
+
+        watch = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return function(*args)
+        finally:
+            sys.setprofile(watch)
+    return candidate
+
+
+def _threads_unwatched(function):
+    def candidate(*args):
+        threading.setprofile(None)
+        return _in_a_thread(function)(*args)
+    return candidate
+
+
+def _in_a_made_up_file(function):
+    """Code compiled under a file name of the grader's own instruments."""
+    from rooflab.autograder.evidence import recording
+
+    namespace = {"ref": function}
+    exec(compile("def candidate(*args):\n    return ref(*args)\n", recording.__file__,
+                 "exec"), namespace)
+    return namespace["candidate"]
+
+
+@pytest.mark.parametrize("how", [_switched_off, _switched_off_and_on, _threads_unwatched,
+                                 _in_a_made_up_file])
+def test_stepping_out_of_the_watch_fails(how):
+    result = grade("roofline/cost_matmul", how(reference("roofline/cost_matmul")))
+    assert result.failed, result.message()
+    assert "the grader's" in result.causes[0]
+
+
+@pytest.mark.parametrize("kind", ["a pool", "a thread"])
+def test_a_worker_started_before_the_check_fails_it(kind):
+    ref, jobs, answers = reference("roofline/cost_matmul"), [], []
+    if kind == "a pool":
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        pool.submit(lambda: None).result()  # its worker thread now runs, unwatched
+
+        def candidate(*args):
+            return pool.submit(ref, *args).result()
+    else:
+        ready = threading.Event()
+
+        def worker():
+            while (job := jobs and jobs.pop()) or not ready.is_set():
+                if job:
+                    answers.append(ref(*job))
+                time.sleep(0.001)
+
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+
+        def candidate(*args):
+            jobs.append(args)
+            while not answers:
+                time.sleep(0.001)
+            return answers.pop()
+    try:
+        result = grade("roofline/cost_matmul", candidate)
+    finally:
+        if kind == "a pool":
+            pool.shutdown()
+        else:
+            ready.set()
+            thread.join()
+    assert result.failed and "started before the check" in result.causes[0], \
+        result.message()
+
+
+def test_the_graders_open_parts_may_be_called():
+    from rooflab.autograder.device import interpreter_enabled
+
+    def cost_matmul(m, n, k, dtype_bytes):
+        interpreter_enabled()  # a lab's own helper: the device, not an answer
+        return 2 * m * n * k, (m * k + k * n + m * n) * dtype_bytes
+
+    result = grade("roofline/cost_matmul", cost_matmul)
+    assert result.passed, result.message()
+
+
 def test_a_timer_that_asks_the_grader_for_the_time_fails():
     from rooflab.autograder.problems.roofline import _STAND_INS
 
@@ -114,8 +210,8 @@ def test_a_timer_that_asks_the_grader_for_the_time_fails():
 def test_calling_what_the_grader_handed_over_is_allowed():
     gpu = SimulatedGPU()
     watch_calls = grader_calls.allowed_code((gpu.launch, [{"gpu": gpu}]))
-    assert SimulatedGPU.launch.__code__ in watch_calls
-    assert SimulatedGPU.one_run_s.__code__ in watch_calls  # a method of an object handed
+    assert id(SimulatedGPU.launch.__code__) in watch_calls
+    assert id(SimulatedGPU.one_run_s.__code__) in watch_calls  # a method of an object handed
 
 
 def test_a_class_that_takes_over_the_graders_methods_is_named():

@@ -5,15 +5,20 @@ whose work can be watched: a candidate that hands back the grader's reference, c
 or times with the grader's own timer computes right answers. So while such a candidate
 runs, every Python call is watched (``sys.setprofile``, and ``threading``'s for the threads
 it starts), and each call from the learner's code into the grader's is noted by name: the
-grader fails the exercise on it.
+grader fails the exercise on it. So is whatever takes the candidate out of the watch:
+switching the profiler off, or a thread it started before the check, still running.
 
-Whose a frame is, its file tells: the grader's package; a library (the standard library,
-site-packages), which acts for whoever called it, so that the learner calling the grader
-through ``threading`` or ``functools`` is still the learner calling it; else the
-learner's (a notebook cell, the candidate's file). What the grader hands the candidate (a
-stand-in GPU's methods, a loss function) the candidate may call; and the grader's own
-instruments run inside the candidate's calls unasked (the recorder's dispatch mode, the
-tracer's hooks, the time limit's signal handler): those are not the learner's calls.
+Whose a frame is, its code tells. The grader's code is every code object of the modules of
+``rooflab.autograder``, by identity (a file name can be made up; a code object of the
+grader's cannot). A library's (the standard library, site-packages) acts for whoever
+called it, so that the learner calling the grader through ``threading`` or ``functools``
+is still the learner calling it. Everything else is the learner's (a notebook cell, the
+candidate's file).
+
+Not every call into the grader is a borrowed answer. A candidate may call what it was
+handed (a stand-in GPU's methods, a loss function) and the grader's open parts (``OPEN``:
+the face, the device queries, the traffic model); the grader's instruments run inside its
+calls unasked (the recorder's dispatch mode, the tracer's hooks, the time limit).
 """
 
 from __future__ import annotations
@@ -29,25 +34,124 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, FrameType
 
-GRADER = str(Path(__file__).resolve().parents[1]) + os.sep
+from ..problem import registered
+
+PACKAGE = "rooflab.autograder"
+FOLDER = Path(__file__).resolve().parents[1]
 LIBRARY = tuple(sorted({str(Path(p).resolve()) + os.sep for p in (
     sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"],
     sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])}))
-LEARNER, GRADER_SIDE = "learner", "grader"
-# The grader's code that runs inside a candidate's call without being called by it.
-INSTRUMENTS = tuple(GRADER + part for part in (f"evidence{os.sep}", f"model{os.sep}",
-                                               f"checking{os.sep}time_limit.py"))
+LEARNER, GRADER, LIBRARY_SIDE = "learner", "grader", "library"
+# The grader's code a candidate may call, or that runs inside its calls unasked: the
+# face, what a lab shows of the device, the traffic model, and the instruments.
+OPEN = ("__init__.py", "problem.py", "device/__init__.py", "device/datasheet.py",
+        "device/versions.py", "device/cuda.py", "model/", "evidence/",
+        "checking/time_limit.py")
+# Hooks of the grader's that torch calls inside a candidate's ops (a dispatch mode).
 HOOKS = {"__torch_dispatch__", "__torch_function__"}
+UNWATCHED = "unwatched: "  # a note of what took the candidate out of the watch
+
+
+class _GraderCode:
+    """The ids of the grader's code objects, and of its open ones, gathered from its
+    modules (again whenever more of them have been imported)."""
+
+    def __init__(self) -> None:
+        self.modules = 0
+        self.all: set[int] = set()
+        self.open: set[int] = set()
+        self._keep: list[CodeType] = []  # the code objects themselves, so ids stay theirs
+
+    def refresh(self) -> None:
+        modules = [m for name, m in list(sys.modules.items())
+                   if (name == PACKAGE or name.startswith(PACKAGE + ".")) and m is not None]
+        if len(modules) == self.modules:
+            return
+        self.modules = len(modules)
+        for module in modules:
+            file = os.path.realpath(getattr(module, "__file__", None) or "")
+            self._add(_codes_of(module, file), _is_open(file))
+        # What the problems hold but no module names: a reference written as a lambda in
+        # the call that registers its problem, say.
+        for problem in list(registered().values()):
+            for value in vars(problem).values():
+                function = inspect.unwrap(getattr(value, "func", value)) \
+                    if callable(value) and not isinstance(value, type) else None
+                code = getattr(function, "__code__", None)
+                if isinstance(code, CodeType):
+                    file = os.path.realpath(code.co_filename)
+                    if file.startswith(str(FOLDER) + os.sep):
+                        self._add(_nested(code, file, set()), _is_open(file))
+
+    def _add(self, codes: Iterator[CodeType], is_open: bool) -> None:
+        for code in codes:
+            if id(code) not in self.all:
+                self._keep.append(code)
+                self.all.add(id(code))
+                if is_open:
+                    self.open.add(id(code))
+
+
+def _is_open(file: str) -> bool:
+    return os.path.relpath(file, FOLDER).replace(os.sep, "/").startswith(OPEN)
+
+
+def _nested(code: CodeType, file: str, seen: set[int]) -> Iterator[CodeType]:
+    """``code`` and the code it nests (lambdas, inner functions), from ``file`` only."""
+    if id(code) in seen or os.path.realpath(code.co_filename) != file:
+        return
+    seen.add(id(code))
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield from _nested(const, file, seen)
+
+
+def _codes_of(module: object, file: str) -> Iterator[CodeType]:
+    """Every code object defined in ``module`` (whose source is ``file``): its functions,
+    its classes' methods, and what they nest (lambdas, inner functions). A decorator's
+    wrapper (contextlib's, functools') is not the module's code: what it wraps is."""
+    name = getattr(module, "__name__", "")
+    seen: set[int] = set()
+
+    def nested(code: CodeType) -> Iterator[CodeType]:
+        yield from _nested(code, file, seen)
+
+    def members(namespace: dict, depth: int) -> Iterator[CodeType]:
+        for value in list(namespace.values()):
+            value = inspect.unwrap(getattr(value, "__func__", value)) \
+                if callable(value) and not isinstance(value, type) else value
+            if isinstance(value, property):
+                for part in (value.fget, value.fset, value.fdel):
+                    if part is not None and hasattr(part, "__code__"):
+                        yield from nested(part.__code__)
+            elif inspect.isfunction(value) and value.__module__ == name:
+                yield from nested(value.__code__)
+            elif isinstance(value, type) and value.__module__ == name and depth < 3:
+                yield from members(dict(vars(value)), depth + 1)
+
+    yield from members(dict(vars(module)), 0)
+
+
+_grader = _GraderCode()
+
+
+def refresh() -> None:
+    """Gather the code of the grader's modules imported since the last time."""
+    _grader.refresh()
+
+
+def side_of(code: CodeType) -> str:
+    """"grader", "library" or "learner", for a frame running ``code``."""
+    return GRADER if id(code) in _grader.all else _side_of_file(code.co_filename)
 
 
 @functools.cache
-def whose(filename: str) -> str:
-    """"grader", "library" or "learner", for code from ``filename``."""
+def _side_of_file(filename: str) -> str:
+    """"library" or "learner", for code that is not the grader's, from its file."""
     path = os.path.realpath(filename) if filename.startswith(os.sep) else filename
-    if path.startswith(GRADER):
-        return GRADER_SIDE
     if path.startswith(LIBRARY) or filename.startswith("<frozen"):
-        return "library"
+        return LIBRARY_SIDE
     return LEARNER
 
 
@@ -57,9 +161,14 @@ def cause(calls: object) -> str:
     whatever came: a record may be anything)."""
     if not calls:
         return ""
-    calls = [str(c) for c in calls] if isinstance(calls, list) else [str(calls)]
-    return (f"calls the grader's own {', '.join(calls[:4])}: this exercise is answered by "
-            "your own code, not by the grader's")
+    notes = [str(c) for c in calls] if isinstance(calls, list) else [str(calls)]
+    called = [n for n in notes if not n.startswith(UNWATCHED)]
+    unwatched = [n.removeprefix(UNWATCHED) for n in notes if n.startswith(UNWATCHED)]
+    parts = [f"calls the grader's own {', '.join(called[:4])}"] if called else []
+    if unwatched:
+        parts.append(f"ran out of the grader's watch ({'; '.join(unwatched[:3])})")
+    return (f"{' and '.join(parts)}: this exercise is answered by your own code, not by the "
+            "grader's")
 
 
 def as_learner(candidate: Callable) -> Callable:
@@ -72,61 +181,69 @@ def as_learner(candidate: Callable) -> Callable:
     return namespace["candidate"]
 
 
-def allowed_code(handed: object, depth: int = 3) -> set[CodeType]:
-    """The grader's code a candidate may call, of what it was handed: functions, and the
-    methods of objects, in containers ``depth`` deep (the arguments, and two more)."""
-    allowed: set[CodeType] = set()
+def allowed_code(handed: object, depth: int = 3) -> set[int]:
+    """The ids of the grader's code a candidate may call, of what it was handed:
+    functions, and the methods of objects, in containers ``depth`` deep (the arguments,
+    and two more)."""
+    allowed: set[int] = set()
     function = getattr(handed, "__func__", handed)
     if inspect.isfunction(function):
-        allowed.add(function.__code__)
+        allowed.add(id(function.__code__))
     elif isinstance(handed, (tuple, list, dict)) and depth > 0:
         items = handed.values() if isinstance(handed, dict) else handed
         for item in items:
             allowed |= allowed_code(item, depth - 1)
-    elif not isinstance(handed, type) and whose(_file_of(type(handed))) == GRADER_SIDE:
+    elif not isinstance(handed, type) and _is_graders(type(handed)):
         for klass in type(handed).__mro__:
             for member in vars(klass).values():
                 member = getattr(member, "__func__", member)
                 if inspect.isfunction(member):
-                    allowed.add(member.__code__)
+                    allowed.add(id(member.__code__))
     return allowed
 
 
 def inherited(candidate: object) -> list[str]:
-    """The grader's methods a candidate class takes over by subclassing one of its
-    classes (called from the grader's side, they would not be seen as the learner's)."""
+    """The grader's classes a candidate class subclasses: their methods, called from the
+    grader's side, would not be seen as the learner's calls."""
     if not isinstance(candidate, type):
         return []
     return sorted(f"{base.__module__}.{base.__qualname__}" for base in candidate.__mro__[1:]
-                  if whose(_file_of(base)) == GRADER_SIDE)
+                  if _is_graders(base))
 
 
-def _file_of(klass: type) -> str:
-    """The file a class is defined in ("<builtin>" where it has none)."""
-    try:
-        return inspect.getfile(klass)
-    except (TypeError, OSError):  # a built-in or C extension class
-        return "<builtin>"
+def _is_graders(klass: type) -> bool:
+    module = getattr(klass, "__module__", "") or ""
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
+
+
+def _qualified(frame: FrameType) -> str:
+    """module.Class.function for the frame (Python 3.10 has no ``co_qualname``)."""
+    code = frame.f_code
+    name = getattr(code, "co_qualname", None)
+    if name is None:
+        owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
+        owner = owner if isinstance(owner, type) else type(owner) if owner is not None else None
+        name = f"{owner.__qualname__}.{code.co_name}" if owner is not None else code.co_name
+    return f"{frame.f_globals.get('__name__', '?')}.{name}"
 
 
 class Watch:
     """The calls noted while watching, by name, in the order first seen."""
 
-    def __init__(self, allowed: set[CodeType]):
+    def __init__(self, allowed: set[int]):
         self.allowed = allowed
         self.calls: list[str] = []
         self._stacks = threading.local()
+
+    def note(self, text: str) -> None:
+        if text not in self.calls:
+            self.calls.append(text)
 
     def _stack(self, first: str) -> list[str]:
         stack = getattr(self._stacks, "value", None)
         if stack is None:
             stack = self._stacks.value = [first]
         return stack
-
-    def _called(self, code: CodeType) -> bool:
-        """Whether grader code entered from the learner's side was the learner's call."""
-        return not (code in self.allowed or code.co_name in HOOKS
-                    or os.path.realpath(code.co_filename).startswith(INSTRUMENTS))
 
     def profile(self, first: str) -> Callable:
         def on_event(frame: FrameType, event: str, arg: object) -> None:
@@ -135,35 +252,67 @@ class Watch:
                 if len(stack) > 1:
                     stack.pop()
                 return
+            if event == "c_call":
+                if arg is sys.setprofile and stack[-1] == LEARNER:
+                    self.note(UNWATCHED + "sys.setprofile")
+                return
             if event != "call":
                 return
             code = frame.f_code
-            side = whose(code.co_filename)
-            if side == "library":
+            side = side_of(code)
+            if side == LIBRARY_SIDE:
+                if stack[-1] == LEARNER and code is _SETPROFILE:
+                    self.note(UNWATCHED + "threading.setprofile")
                 side = stack[-1]
-            elif side == LEARNER and stack[-1] == GRADER_SIDE:
+            elif side == LEARNER and stack[-1] == GRADER:
                 # The grader calls the learner: what it hands over may be called back.
                 self.allowed |= allowed_code(tuple(frame.f_locals.values()))
-            elif side == GRADER_SIDE and stack[-1] == LEARNER and self._called(code):
-                name = f"{frame.f_globals.get('__name__', '?')}." \
-                       f"{getattr(code, 'co_qualname', code.co_name)}"
-                if name not in self.calls:
-                    self.calls.append(name)
+            elif side == GRADER and stack[-1] == LEARNER and id(code) not in self.allowed \
+                    and id(code) not in _grader.open and code.co_name not in HOOKS:
+                self.note(_qualified(frame))
             stack.append(side)
 
         return on_event
 
 
+_SETPROFILE = threading.setprofile.__code__
+
+
+def _threads_of_its_own() -> list[str]:
+    """Threads running now that could work for the candidate unwatched: the learner's
+    own, and thread pools' workers (which run whatever is submitted to them)."""
+    found = []
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or not thread.is_alive():
+            continue
+        target = getattr(thread, "_target", None)
+        if target is None and type(thread).run is not threading.Thread.run:
+            target = type(thread).run
+        code = getattr(getattr(target, "__func__", target), "__code__", None)
+        if code is None:
+            continue
+        pool = code.co_name == "_worker" and "concurrent" in code.co_filename
+        if pool or side_of(code) == LEARNER:
+            found.append(f"{UNWATCHED}thread {thread.name!r}, started before the check")
+    return found
+
+
 @contextlib.contextmanager
-def watching(allowed: set[CodeType]) -> Iterator[Watch]:
+def watching(allowed: set[int]) -> Iterator[Watch]:
     """Watch every Python call in this thread (from the grader's side) and in the threads
     started meanwhile (from the learner's)."""
+    refresh()
     watch = Watch(allowed)
+    for text in _threads_of_its_own():
+        watch.note(text)
     previous, previous_threads = sys.getprofile(), threading.getprofile()
+    mine = watch.profile(GRADER)
     threading.setprofile(watch.profile(LEARNER))
-    sys.setprofile(watch.profile(GRADER_SIDE))
+    sys.setprofile(mine)
     try:
         yield watch
     finally:
+        if sys.getprofile() is not mine:
+            watch.note(UNWATCHED + "sys.setprofile")
         sys.setprofile(previous)
         threading.setprofile(previous_threads)
