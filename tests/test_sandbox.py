@@ -55,7 +55,7 @@ def test_it_writes_only_into_its_own_folder(other):
     done = confined(other, f"""
         import os, sys
         for path in [{str(other / "out" / "forged.json")!r}, sys.prefix + "/forged",
-                     "/usr/forged", "/tmp/forged", os.getcwd() + "/mine.txt"]:
+                     "/usr/forged", "/forged", "/tmp/forged", os.getcwd() + "/mine.txt"]:
             try:
                 open(path, "w").write("x")
                 print("wrote", path)
@@ -65,7 +65,9 @@ def test_it_writes_only_into_its_own_folder(other):
     assert done.returncode == 0, done.stderr
     assert not (other / "out" / "forged.json").exists()
     assert not Path(sys.prefix, "forged").exists() and not Path("/tmp/forged").exists()
-    assert f"refused {sys.prefix}/forged" in done.stdout and "refused /usr/forged" in done.stdout
+    for refused in (f"{sys.prefix}/forged", "/usr/forged", "/forged"):
+        assert f"refused {refused} " in done.stdout, done.stdout
+    assert (other / "box" / "tmp" / "forged").exists()  # its /tmp is in its own folder
     assert (other / "box" / "mine.txt").read_text() == "x"  # its own folder: yes
 
 
@@ -152,14 +154,34 @@ def test_an_overlay_replaces_a_folder_it_sees(tmp_path):
     assert done.stdout.strip() == "stub", done.stderr
 
 
+def test_rooflab_check_runs_where_the_temporary_folder_is_a_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    candidate = tmp_path / "mine.py"
+    candidate.write_text("def cost(n, dtype_bytes):\n    return n, 3 * n * dtype_bytes\n")
+    done = subprocess.run([sys.executable, "-m", "rooflab.autograder.cli", "check",
+                           "roofline/cost_vector_add", f"{candidate}:cost"], text=True,
+                          capture_output=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmp_path / "linked")))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.gpu
 def test_a_gpu_is_seen_inside(tmp_path):
     from rooflab.autograder.confine import package_folder
 
     done = confined(tmp_path, """
-        import torch
+        import torch, triton, triton.language as tl
+
+        @triton.jit
+        def double(x_ptr, n, BLOCK: tl.constexpr):  # compiled here: gcc, ptxas, a cache
+            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offsets < n
+            tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2, mask=mask)
+
         x = torch.ones(1 << 20, device="cuda")
+        double[(x.numel() // 1024,)](x, x.numel(), BLOCK=1024)
         print(torch.cuda.get_device_name(), float(x.sum()))
         """, read_only=[package_folder("rooflab.autograder")])
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == str(float(1 << 20))
+    assert done.stdout.split()[-1] == str(float(2 << 20))

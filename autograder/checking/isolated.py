@@ -46,6 +46,7 @@ from . import answers
 from . import time_limit as limits
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
+STARTED = "started"  # the child writes it first, before it loads any learner code
 UNCONFINED_ENV = "ROOFLAB_UNCONFINED"
 EXIT_CODES = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "NOT IMPLEMENTED": EXIT_FAIL,
               "NEEDS A GPU": EXIT_NEEDS_GPU}
@@ -78,12 +79,14 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
                                    "to run the candidate with your rights")
     seed = new_seed() if seed is None else seed
     limit = limits.default_s() if time_limit is None else time_limit
-    with tempfile.TemporaryDirectory(prefix="rooflab-check-") as into:
-        target, cwd, sandbox = _target(function, Path(into))
-        if unconfined:
-            target, cwd = function, Path.cwd()
+    with tempfile.TemporaryDirectory(prefix="rooflab-check-") as scratch:
+        into = Path(scratch).resolve()  # as the sandbox names it: no link in the way
+        target, cwd = function, Path.cwd()
+        if not unconfined:
+            target, cwd, sandbox = _confined(function, into)
         command = [sys.executable, "-m", "rooflab.autograder.checking.isolated", problem_id,
-                   target, "--seed", str(seed), "--time-limit", str(limit), "--into", into]
+                   target, "--seed", str(seed), "--time-limit", str(limit), "--into",
+                   str(into)]
         if not unconfined:
             command = sandbox.command(command, cwd=cwd)
         # Its own session: a time limit ends the child and anything it started.
@@ -98,7 +101,12 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: ran past the time limit of "
                                       f"{overall:g} s for the whole check and was stopped: a "
                                       f"kernel or a wait that never ends? (inputs seed {seed})")
-        report = _read(Path(into) / "report.json")
+        report = _read(into / "report.json")
+        if report is None and not (into / STARTED).exists():
+            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: not checked: the check's process "
+                                      f"did not start (exit status {status}; "
+                                      f"{'the sandbox' if not unconfined else 'Python'} "
+                                      "said why above). This is no fault of the candidate's")
         if report is None:
             if not unconfined and status > 128:  # bubblewrap reports a signal N as 128 + N
                 status = 128 - status
@@ -109,36 +117,48 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
             text = report["line"] if report["verdict"] == "NEEDS A GPU" and not verbose \
                 else report["message"]
             return Verdict(EXIT_CODES.get(report["verdict"], EXIT_FAIL), text)
-        wrong = grader_calls.cause(report.get("grader_calls")) or \
-            recheck(spec, Path(into) / "outputs.pt", seed)
+        borrowed = grader_calls.cause(report.get("grader_calls"))
+        if borrowed:  # in its own report, whatever verdict came with it
+            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {borrowed} (inputs seed {seed})")
+        wrong = recheck(spec, into / "outputs.pt", seed)
         if wrong:
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
                                       f"the candidate's process; inputs seed {seed})")
         return Verdict(EXIT_PASS, report["message"] if verbose else report["line"])
 
 
-def _target(function: str, into: Path) -> tuple[str, Path, Sandbox]:
-    """The candidate as the child names it, the folder it runs in, and its sandbox: it
-    may read the autograder, the course's kernels as installed, and the candidate's own
-    file (with its folder) or module (a package or file found in the working folder or on
-    $PYTHONPATH, as Python would find it), and write to ``into``."""
+def _confined(function: str, into: Path) -> tuple[str, Path, Sandbox]:
+    """The candidate as the confined child names it, the folder it runs in, and its
+    sandbox: it writes to ``into``; it reads the autograder, the course's kernels as
+    installed, and the candidate's own code: its file and the modules and packages beside
+    it, or its module (found in the working folder or on $PYTHONPATH, as Python would find
+    it), never whole folders of the user's."""
+    from ..device.roofline import copy_cache
+
     readable = [package_folder("rooflab.autograder"), package_folder("rooflab.kernels")]
+    env = {"ROOFLAB_CACHE_DIR": str(copy_cache(into / "home" / ".cache" / "rooflab"))}
     path, sep, name = function.rpartition(":")
     if path.endswith(".py"):
         file = Path(path).resolve()
-        # Its folder, for the modules beside it; only the file where that folder holds
-        # the scratch folder too (/tmp): mounted read-only there, it would hide it.
-        mine = file if into.resolve().is_relative_to(file.parent) else file.parent
-        return f"{file}{sep}{name}", into, Sandbox(into, [*readable, mine])
+        return f"{file}{sep}{name}", into, Sandbox(into, [*readable, *_code_beside(file)],
+                                                   env=env)
     top = path.split(".")[0]
     bases = [Path.cwd(), *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p)]
     for base in bases:
         for found in (base / top, base / f"{top}.py"):
             if found.exists():
-                return function, into, Sandbox(into, [*readable, found.resolve()],
-                                               env={"PYTHONPATH": str(base.resolve())})
-    return function, into, Sandbox(into, readable)  # an installed module: already there
+                env["PYTHONPATH"] = str(base.resolve())
+                return function, into, Sandbox(into, [*readable, found.resolve()], env=env)
+    return function, into, Sandbox(into, readable, env=env)  # installed: already there
+
+
+def _code_beside(file: Path) -> list[Path]:
+    """A candidate's file, and the Python modules and packages in its folder (which it
+    may import), each on its own."""
+    beside = [p for p in file.parent.iterdir() if p.suffix == ".py" and p.is_file()
+              or p.is_dir() and (p / "__init__.py").is_file()]
+    return sorted({file, *(p.resolve() for p in beside)})
 
 
 def _on_gpu() -> bool:
@@ -212,6 +232,7 @@ def _child(argv: list[str]) -> int:
     parser.add_argument("--time-limit", type=float, required=True)
     parser.add_argument("--into", type=Path, required=True)
     args = parser.parse_args(argv)
+    (args.into / STARTED).touch()
 
     from .candidate import CandidateError, UsageError, load_function
     from .engine import check

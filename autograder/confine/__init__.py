@@ -9,6 +9,6 @@ loopback of its own; a pid namespace of its own, so that nothing it starts outli
 It imports nothing of rooflab's: the grader says which folders to add or hide.
 """
 
-from .sandbox import Sandbox, available, package_folder, why_unavailable
+from .sandbox import Sandbox, package_folder, why_unavailable
 
-__all__ = ["Sandbox", "available", "package_folder", "why_unavailable"]
+__all__ = ["Sandbox", "package_folder", "why_unavailable"]

@@ -57,14 +57,24 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)
 
     def command(self, argv: list[str], cwd: Path | None = None) -> list[str]:
-        """``argv`` run inside the sandbox, from ``cwd`` (default: the scratch folder)."""
+        """``argv`` run inside the sandbox, from ``cwd`` (default: the scratch folder).
+        Paths in ``argv`` must be real ones (resolved): a link to them may not exist
+        inside, unless it is to this Python."""
         scratch = self.scratch.resolve()
-        args = ["bwrap", *UNSHARE, "--die-with-parent", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp"]
+        # /tmp is a folder of the scratch, on disk: a tmpfs would hold what the graded code
+        # writes there in memory, where no address-space limit applies.
+        tmp = scratch / "tmp"
+        tmp.mkdir(exist_ok=True)
+        args = ["bwrap", *UNSHARE, "--die-with-parent", "--dev", "/dev", "--proc", "/proc"]
         for path in SYSTEM:
             args += _mount(Path(path))
-        for path in _python_folders() + [p.resolve() for p in self.read_only]:
+        # /tmp before the rest: what follows may be in the grader's /tmp, and must show.
+        args += ["--bind", str(tmp), "/tmp"]
+        for path in [*_python_folders(), *_library_folders(),
+                     *(p.resolve() for p in self.read_only)]:
             args += ["--ro-bind-try", str(path), str(path)]
+        for link in _python_links():  # the way this Python was named, where it is a link
+            args += ["--ro-bind-try", str(link.resolve()), str(link)]
         for inside, outside in self.overlays.items():
             args += ["--ro-bind", str(outside.resolve()), str(inside)]
         args += ["--bind", str(scratch), str(scratch)]
@@ -72,7 +82,8 @@ class Sandbox:
             args += ["--bind", str(path.resolve()), str(path.resolve())]
         for node in gpu_nodes():
             args += ["--dev-bind", node, node]
-        args += ["--clearenv"]
+        # The root the mounts hang from is a tmpfs too: read-only, once they are made.
+        args += ["--remount-ro", "/", "--clearenv"]
         for name, value in self.environment().items():
             args += ["--setenv", name, value]
         args += ["--chdir", str((cwd or scratch).resolve()), "--", *argv]
@@ -119,6 +130,21 @@ def package_folder(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
+def _python_links() -> list[Path]:
+    """This Python's folders as named, where a link leads to them (a virtual environment
+    reached through a linked folder): the interpreter is started by that name."""
+    named = {Path(sys.prefix), Path(sys.executable).parent}
+    return sorted(p for p in named if p.exists() and p.resolve() != p.absolute())
+
+
+def _library_folders() -> list[Path]:
+    """Where the libraries a GPU build needs live outside /usr and /opt (a cluster's
+    modules, a CUDA toolkit): the folders of $LD_LIBRARY_PATH and $CUDA_HOME."""
+    named = [*os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep),
+             os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", "")]
+    return sorted({Path(p).resolve() for p in named if p and Path(p).is_dir()})
+
+
 def gpu_nodes() -> list[str]:
     """The NVIDIA device nodes of this machine (none without a GPU)."""
     dev = Path("/dev")
@@ -139,11 +165,11 @@ def why_unavailable() -> str:
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"bubblewrap could not start: {error}"
     if done.returncode != 0:
-        return (f"bubblewrap cannot make its namespaces here ({done.stderr.strip()[:200]}): "
-                "user namespaces may be switched off (sysctl kernel.unprivileged_userns_clone"
-                ", or a container without them)")
+        said = done.stderr.strip()[:200]
+        namespaces = any(word in said for word in ("namespace", "Operation not permitted",
+                                                   "Permission denied"))
+        return (f"bubblewrap could not start a sandbox here ({said})" + (
+            ": user namespaces may be switched off (sysctl kernel.unprivileged_userns_clone "
+            "or kernel.apparmor_restrict_unprivileged_userns, or a container without them)"
+            if namespaces else ""))
     return ""
-
-
-def available() -> bool:
-    return not why_unavailable()

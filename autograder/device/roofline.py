@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -394,6 +395,15 @@ def cache_dir() -> Path:
         return Path(os.environ["ROOFLAB_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "rooflab"
+
+
+def copy_cache(folder: Path) -> Path:
+    """A copy of this cache (the ceilings measured on this card) in ``folder``, for a
+    confined process that cannot see the original: it need not measure them again."""
+    if cache_dir().is_dir():
+        shutil.copytree(cache_dir(), folder, dirs_exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def cache_path(device: Device) -> Path:

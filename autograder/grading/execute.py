@@ -180,11 +180,9 @@ def sandbox_for(box: Path, read_only: list[Path], overlays: list[str]) -> Sandbo
     """The kernel's sandbox: writes to ``box`` only, its records folder mounted on its
     own; ``overlays`` are INSIDE=OUTSIDE. It starts with a copy of the grader's cache
     (the ceilings measured on this card), so that no notebook measures them again."""
-    from ..device.roofline import cache_dir
+    from ..device.roofline import copy_cache
 
-    cache = box / "home" / ".cache" / "rooflab"
-    if cache_dir().is_dir():
-        shutil.copytree(cache_dir(), cache, dirs_exist_ok=True)
+    cache = copy_cache(box / "home" / ".cache" / "rooflab")
     pairs = dict(item.split("=", 1) for item in overlays)
     return Sandbox(box, read_only=read_only,
                    overlays={Path(k): Path(v) for k, v in pairs.items()},
@@ -213,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     cap_memory(args.memory)
     confine = None if args.unconfined else functools.partial(
         sandbox_for, read_only=args.read_only, overlays=args.overlay)
-    outcome = run(json.loads(args.notebook.read_text()), args.into, args.cell_timeout, confine)
+    outcome = run(json.loads(args.notebook.read_text()), args.into.resolve(),
+                  args.cell_timeout, confine)
     partial = args.into / "run.json.partial"
     partial.write_text(json.dumps(outcome))
     partial.replace(args.into / "run.json")

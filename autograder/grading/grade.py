@@ -212,7 +212,7 @@ def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement) -
     restored = restore(lab, submission)
     result["changed"], result["added_cells"] = restored.changed, restored.added
     with tempfile.TemporaryDirectory(prefix="rooflab-grade-") as scratch:
-        into = Path(scratch)
+        into = Path(scratch).resolve()  # as the sandbox names it: no link in the way
         (into / "notebook.ipynb").write_text(json.dumps(with_cell_markers(restored.notebook)))
         run = _execute(into, limits, seed, confinement)
         if run.get("killed"):
