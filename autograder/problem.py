@@ -227,6 +227,10 @@ class Problem:
     # False when the right answer depends on the run itself (a timer's: what the stand-in
     # GPU really took), so that it cannot be worked out again in another process.
     deterministic_reference: bool = True
+    # For such a problem, how a grader in another process still checks an answer: on the
+    # same inputs, made again from the seed, plausible(case, inputs, output) -> "" or what
+    # is wrong (a time far from what the stand-in GPU was made to take, say).
+    plausible: Callable[[Case, tuple, object], str] | None = None
     # The course's own solution, "module:function" in rooflab.kernels. Tests hold it to the
     # problem's own bar: correct in both worlds, and on a GPU fast enough with a margin.
     solution: str = ""

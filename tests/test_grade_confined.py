@@ -296,3 +296,20 @@ def test_a_record_counts_for_the_cell_that_was_running_when_it_was_written(tmp_p
     take_records(records, taken / "00-009")
     assert (tmp_path / "elsewhere" / "002.json").read_text() == "the grader's"
     assert not (taken / "00-009").exists()
+
+
+def test_a_check_cell_with_a_second_record_fails(tmp_path):
+    """A record written beside the check's own (by a thread, or the candidate itself,
+    during the check cell) makes the exercise fail, whichever of them says PASS."""
+    from rooflab.autograder.grading.cells import Exercise
+    from rooflab.autograder.grading.verdicts import grade_exercises
+
+    exercise = Exercise("00-006", "roofline/cost_vector_add")
+    run = {"cells": [{"index": 3, "id": "00-006", "seconds": 0.1, "error": ""}]}
+    real = {"cell": "00-006", "problem": exercise.problem_id, "seed": 5, "verdict": "FAIL",
+            "message": "FAIL: wrong", "replaced": []}
+    forged = dict(real, verdict="PASS", message="PASS")
+    for records in ([real, forged], [forged, real]):
+        [grade] = grade_exercises([exercise], run, [(r, tmp_path / "x.pt") for r in records],
+                                  seed=5)
+        assert grade.verdict == "FAIL" and "left 2 records" in grade.message

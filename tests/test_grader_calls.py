@@ -270,3 +270,29 @@ def test_rooflab_grade_fails_a_record_that_passes_and_names_a_grader_call(tmp_pa
     run = {"cells": [{"index": 3, "id": "00-006", "seconds": 0.1, "error": ""}]}
     [grade] = grade_exercises([exercise], run, [(record, tmp_path / "none.pt")], seed=5)
     assert grade.verdict == "FAIL" and "calls the grader's own x.reference" in grade.message
+
+
+def test_a_timers_answers_are_checked_outside_too(tmp_path, capsys):
+    """A timer's exact answer depends on its run, but another process can still tell an
+    answer that is missing, or far from the time the stand-in GPU was made to take."""
+    from rooflab.autograder.cli import main
+
+    forger = tmp_path / "forger.py"  # a report of its own, and no answer
+    forger.write_text(
+        "import json, os, sys\n"
+        "into = sys.argv[sys.argv.index('--into') + 1]\n"
+        "json.dump({'verdict': 'PASS', 'line': 'PASS roofline/timer', 'message': 'PASS'},\n"
+        "          open(os.path.join(into, 'report.json'), 'w'))\n"
+        "os._exit(0)\n"
+        "def measure(launch, synchronize):\n    return 0.0\n")
+    assert main(["check", "roofline/timer", f"{forger}:measure"]) == 1
+    assert "its answers never reached the grader" in capsys.readouterr().out
+
+    from rooflab.autograder.checking.answers import save
+    from rooflab.autograder.checking.isolated import recheck
+
+    spec = get_problem("roofline/timer")
+    for seed in range(20):
+        save({i: 2.0 for i in range(3)}, tmp_path / "slow.pt")  # far too slow, every case
+        assert "set to take" in recheck(spec, tmp_path / "slow.pt", seed)
+    assert grade("roofline/timer", measure).passed

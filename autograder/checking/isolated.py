@@ -200,8 +200,8 @@ def recheck(spec: Problem, outputs_path: Path, seed: int) -> str:
     from .rank_check import recheck_ranks
 
     ranks = isinstance(spec, RanksProblem)
-    if not spec.deterministic_reference and not ranks:
-        return ""  # its answer depends on the run itself (a timer): the child's word only
+    if not spec.deterministic_reference and not ranks and spec.plausible is None:
+        return ""  # its answer depends on the run itself: the child's word only
     try:
         outputs = answers.load(outputs_path)
     except Exception:  # noqa: BLE001 (missing, corrupt or hostile: all the same here)
@@ -216,6 +216,12 @@ def recheck(spec: Problem, outputs_path: Path, seed: int) -> str:
         if index not in outputs:
             return f"no answer for {case.label} reached the grader"
         run = CaseRun(spec, case, torch.Generator(device=dev).manual_seed(seed + index), dev)
+        if not spec.deterministic_reference:  # it depends on the run: is it plausible?
+            assert spec.plausible is not None
+            wrong = spec.plausible(case, run.originals, outputs[index])
+            if wrong:
+                return f"wrong on {case.label}: {wrong}"
+            continue
         answer = run.answer(spec, outputs[index], info.can_measure, dev)
         if not answer.ok:
             return f"wrong on {case.label}: {answer.summary}"

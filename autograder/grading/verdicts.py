@@ -3,7 +3,7 @@ learner code.
 
 A notebook's own output proves nothing: a learner's code shares the kernel with ``check``
 and can print "PASS", patch the comparison, or skip the check. So an exercise passes only
-when its check cell left a record (``checking/handin.py``) that says so, the timers and
+when its check cell left one record (``checking/handin.py``) that says so, the timers and
 the grader were not replaced before it, and every answer in that record is right when
 checked again here against this process's own reference (isolated.recheck), and it
 names none of the grader's own functions called by a plain-Python candidate.
@@ -53,8 +53,16 @@ def grade_exercises(exercises: list[Exercise], run: dict, records: list[tuple[di
         crashes = [c["id"] for c in since if c["index"] in run.get("crashed", [])]
         failed = [c for c in since if c["error"] and c["index"] not in run.get("crashed", [])]
         after = cell.get("index", after)
-        mine = [(rec, outputs) for rec, outputs in records if rec.get("cell") == exercise.cell_id
-                and rec.get("problem") == exercise.problem_id]
+        in_cell = [(rec, outputs) for rec, outputs in records
+                   if rec.get("cell") == exercise.cell_id]
+        mine = [(rec, outputs) for rec, outputs in in_cell
+                if rec.get("problem") == exercise.problem_id]
+        if len(in_cell) > 1:  # its one check leaves one: the others were written otherwise
+            grades.append(Grade(exercise.problem_id, exercise.cell_id, "FAIL", (
+                f"the check cell left {len(in_cell)} records where its one check leaves "
+                "one: something else in the notebook (a thread, a cell's own code) wrote "
+                "records, and none of them can be trusted"), seconds))
+            continue
         if not mine:
             why = _why_no_record(cell, run)
             if crashes:

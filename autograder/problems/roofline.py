@@ -317,6 +317,20 @@ def _compare_time(got: object, want: float) -> str:
     return f"measured {value * 1e3:.3f} ms per run, the kernel takes {want * 1e3:.3f} ms: {why}"
 
 
+def _plausible_time(case: Case, inputs: tuple, got: object) -> str:
+    """A time checked in another process, which cannot see the run it measured: a number,
+    and on a CPU near what the stand-in GPU made from the same seed was set to take (a
+    loaded host makes a right timer's answer longer, never shorter)."""
+    value, problem = _number_problem("the time", got)
+    if problem or value <= 0:
+        return f"return the time of one run in seconds; got {got!r}"
+    gpu = _STAND_INS.get(inputs[0])
+    if gpu is not None and not 0.8 <= value / gpu.kernel_s <= 3.0:
+        return (f"measured {value * 1e3:.3f} ms per run, where the kernel was set to take "
+                f"{gpu.kernel_s * 1e3:.3f} ms")
+    return ""
+
+
 register(Problem(
     id="roofline/timer",
     title="Time a kernel: synchronise, warm up, take the median",
@@ -330,6 +344,7 @@ register(Problem(
     timed=False,
     compare=_compare_time,
     deterministic_reference=False,
+    plausible=_plausible_time,
     hints=("A launch only queues work: the time right after it says nothing about the work.",
            "Call synchronize() before you read the clock, around each run; run a few times "
            "before you start counting."),
