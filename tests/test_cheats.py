@@ -255,3 +255,14 @@ def test_the_triton_tutorials_matmul_passes(problem, config):
 
     result = grade(tutorial, problem=problem)
     assert result.passed, result.message()
+
+
+@pytest.mark.parametrize("candidate", [cheats.add_in_a_pre_run_hook,
+                                       pytest.param(cheats.add_in_the_kernels_body,
+                                                    marks=pytest.mark.cpu("the interpreter "
+                                                                          "runs the body"))],
+                         ids=lambda c: c.__name__)
+def test_torch_work_inside_a_launch_is_a_library_call(candidate):
+    for seed in range(3):
+        result = grade(candidate, seed=seed)
+        assert result.failed and "aten.add" in " ".join(result.causes), result.message()

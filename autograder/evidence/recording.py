@@ -23,6 +23,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -65,11 +66,12 @@ class _AtenRecorder(TorchDispatchMode):
         self.launch_depth = 0  # >0 while a Triton launch runs: its own copies are not the
         # candidate's (the interpreter moves arguments with copy_ and set_)
         self.paused = 0  # >0 while the grader itself works inside the candidate's call
+        self.launch_frames: list[FrameType] = []  # the launches running, outermost first
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.launch_depth or self.paused:
+        if self.paused or self.launch_depth and not _made_by_learner(self.launch_frames[0]):
             return out
         name = func.overloadpacket.__name__
         self.ops[name] += 1
@@ -86,6 +88,18 @@ class _AtenRecorder(TorchDispatchMode):
         elif name in _FILLING:
             self.recording.steps.append(Step(lambda: func(*args, **kwargs), None, name))
         return out
+
+
+def _made_by_learner(launch: FrameType) -> bool:
+    """Whether an op dispatched during a launch came from the learner's code run inside
+    it (a pre-run hook, a Python call in an interpreted kernel's body) rather than from
+    Triton moving the arguments: a learner's frame between the op and the launch."""
+    frame = sys._getframe(2)
+    while frame is not None and frame is not launch:
+        if grader_calls.side_of(frame.f_code) == grader_calls.LEARNER:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _launch_classes() -> list[type]:
@@ -214,10 +228,12 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
                     recording.steps.append(Step(
                         lambda: original(self, *args, **kwargs), None, name))
             mode.launch_depth += 1
+            mode.launch_frames.append(sys._getframe())
             try:
                 return original(self, *args, **kwargs)
             finally:
                 mode.launch_depth -= 1
+                mode.launch_frames.pop()
 
         return run
 

@@ -17,6 +17,8 @@ ended with everything it started. It runs no learner code itself. Here:
 * a cell that ends the kernel (``os._exit``, a segfault, ``sys.exit`` in a thread, the
   memory cap hit in native code) is noted, and the notebook runs again from the top in a
   new kernel with that cell replaced by an error, so the exercises after it are graded;
+* the kernel's first process (bubblewrap's, confined) is noted in ``--into``/kernel.pid,
+  for the grader to end it, and everything in the sandbox with it, if it must;
 * every check leaves its record in the box's records folder (``checking/handin.py``); as
   each cell ends, this process takes what it left into ``--into``/taken/<cell id>/, out
   of the kernel's reach: a record counts for the cell that was running when it was

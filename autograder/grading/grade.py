@@ -181,7 +181,8 @@ def shard(tasks: list[Task], spec: str | None) -> list[Task]:
 
 
 def with_cell_markers(notebook: dict) -> dict:
-    """Each check cell tells the record which cell it is (handin.at_cell), first."""
+    """Each check cell tells the record which cell it is (handin.at_cell), first. (The
+    grader goes by the cell that was running when a record was written: execute.py.)"""
     for cell in notebook["cells"]:
         if cell.get("cell_type") == "code" and CHECK_TAG in cell.get("metadata", {}).get(
                 "tags", []):
