@@ -66,12 +66,12 @@ class _AtenRecorder(TorchDispatchMode):
         self.launch_depth = 0  # >0 while a Triton launch runs: its own copies are not the
         # candidate's (the interpreter moves arguments with copy_ and set_)
         self.paused = 0  # >0 while the grader itself works inside the candidate's call
-        self.launch_frames: list[FrameType] = []  # the launches running, outermost first
+        self.launch_frames: list[FrameType] = []  # the launches running, innermost last
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.paused or self.launch_depth and not _made_by_learner(self.launch_frames[0]):
+        if self.paused or self.launch_depth and not _made_by_learner(self.launch_frames[-1]):
             return out
         name = func.overloadpacket.__name__
         self.ops[name] += 1
