@@ -44,6 +44,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"{'mode':>14}  {dev.mode}")
     if dev.is_gpu:
         print(f"{'driver':>14}  {dev.driver}   SMs {dev.sm_count}   L2 {dev.l2_bytes >> 20} MiB")
+    from .confine import why_unavailable
+
+    # Not a problem for a learner's notebook, but `rooflab check` and `rooflab grade` need it.
+    sandbox = why_unavailable()
+    print(f"{'sandbox':>14}  " + ("bubblewrap: rooflab check and rooflab grade run graded "
+                                 "code confined" if not sandbox else
+                                 f"none: {sandbox}; rooflab check and rooflab grade need it "
+                                 "(or --unconfined)"))
     problems = versions.known_problems(found)
     for line in problems:
         print(f"PROBLEM: {line}")

@@ -109,6 +109,9 @@ def test_doctor_reports_versions_and_mode(capsys):
         assert "CPU (Triton interpreter): nothing timed, performance predicted" in out
     assert code in (EXIT_PASS, EXIT_FAIL)
     assert ("OK: no known-bad combination" in out) == (code == EXIT_PASS)
+    from rooflab.autograder.confine import why_unavailable
+
+    assert ("sandbox  bubblewrap" in out) == (not why_unavailable())
 
 
 @pytest.mark.cpu("what a CPU says instead of measuring")
