@@ -213,6 +213,11 @@ class Problem:
     # invoke(candidate, inputs) -> output, where calling candidate(*inputs) is not the whole
     # exercise (e.g. a backward pass: run the forward, then backward, return the gradients).
     invoke: Callable[[Callable, tuple], object] | None = None
+    # Whether every passing case is run again on new inputs, its launches alone
+    # (``evidence/replay.py``). False where the answer is assembled by something the grader
+    # cannot log step by step (autograd, for a backward exercise): there the rule on host
+    # ops alone stands.
+    replayed: bool = True
     # trace_check(case, inputs, launches, output) -> "" or why a correct answer was computed the
     # wrong way, from the interpreter's trace (e.g. causal attention loading every block).
     trace_check: Callable[[Case, tuple, list, object], str] | None = None

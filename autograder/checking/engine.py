@@ -277,17 +277,18 @@ def check(
     run = _Runner(spec, grader_calls.as_learner(candidate) if watched else candidate, dev)
     if watched:
         result.grader_calls += grader_calls.inherited(candidate)
+    else:  # a thread of the learner's, started earlier, could do a kernel's work unseen
+        result.grader_calls += grader_calls.threads_of_its_own(pools=False)
     recording = Recording()
     # Chip-filling cases and TF32 tolerances only where kernels really run on the GPU.
     on_gpu = info.can_measure
     traced: tuple[Case, list] | None = None  # the largest case's launches, in the interpreter
     tile_findings: dict[str, list[str]] = {}  # tensor-core and fit rules -> the cases
-    replayed = False  # one passing case is run again on new inputs (evidence/replay.py)
     limit = default_time_limit() if time_limit is None else time_limit
     if spec.kernel == "cupy" and (not on_gpu or cuda.cupy_missing() or _stubbed(candidate)):
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
 
-    for index, case in enumerate(spec.cases(on_gpu)):
+    for index, case, again in _runs(spec, on_gpu):
         if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
             result.skipped.append(f"{case.label}: {INTERPRETER_SKIPS[case.dtype]}")
             continue
@@ -324,19 +325,24 @@ def check(
         broken = _memory_violations(launches)
         judged = CaseResult(case, error=broken) if broken else \
             attempt.judge(spec, output, allocations, on_gpu, dev)
+        judged.again = again
+        if again and not judged.ok and all(c.ok for c in result.cases if c.case == case):
+            judged.advice = ("right on the first call with these sizes, wrong on a second "
+                             "call with new values: does it keep an answer, or state, from an "
+                             "earlier call?")
         if judged.ok and launches and spec.trace_check is not None:
             # Right answer; does the traced work match what the exercise is about?
             judged.error = spec.trace_check(case, attempt.inputs, launches, output)
         result.cases.append(judged)
-        if keep_outputs:
+        if keep_outputs and not again:
             result.outputs[index] = _copy_of(output)
         if launches and (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
             traced = (case, launches)
         if launches and judged.ok:
             for finding in _tile_findings(spec, case, launches):
                 tile_findings.setdefault(finding, []).append(case.label)
-        if judged.ok and not replayed and _replayable(spec, output, recording):
-            replayed = True  # last: it overwrites this case's inputs and outputs
+        if judged.ok and _replayable(spec, output, steps, recording):
+            # Last: it overwrites this case's inputs and outputs (a copy is kept above).
             judged.error = _replay(spec, attempt, output, steps, allocations, on_gpu, dev,
                                    seed + 7919 * (index + 1), limit)
 
@@ -460,10 +466,19 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
     causes = []
     if result.grader_calls:
         causes.append(grader_calls.cause(result.grader_calls))
+    launched = {"triton": result.triton_launches, "cupy": result.cuda_launches}.get(
+        spec.kernel or "", {})
+    kind = "CUDA C kernel (cuda.CudaKernel)" if spec.kernel == "cupy" else "Triton kernel"
     failing = [c for c in result.cases if not c.ok]
+    # A library call first: it is what the advice about the kernel's answer follows from.
+    if spec.kernel and result.library_calls:
+        ops = ", ".join(f"aten.{op}" for op in result.library_calls)
+        also = "" if launched else f", and launched no {kind}"
+        causes.append(f"calls the library ({ops}){also}: the work of this exercise is the "
+                      "kernel's, and its host code may only allocate, view, fill and copy")
     worst = result.worst_case
     if failing and worst is not None:
-        causes.append(f"wrong on {worst.case.label}: {worst.explained}")
+        causes.append(f"wrong on {worst.label}: {worst.explained}")
         if len(failing) > 1:
             causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
         # Other advice, once each (the table of cases shows only what went wrong).
@@ -471,15 +486,9 @@ def _causes(spec: Problem, result: CheckResult) -> list[str]:
         for case in failing:
             if case.advice and case.advice not in shown:
                 shown.add(case.advice)
-                causes.append(f"on {case.case.label}: {case.advice}")
-    launched = {"triton": result.triton_launches, "cupy": result.cuda_launches}.get(
-        spec.kernel or "", {})
-    kind = "CUDA C kernel (cuda.CudaKernel)" if spec.kernel == "cupy" else "Triton kernel"
+                causes.append(f"on {case.label}: {case.advice}")
     if spec.kernel and result.library_calls:
-        ops = ", ".join(f"aten.{op}" for op in result.library_calls)
-        also = "" if launched else f", and launched no {kind}"
-        causes.append(f"calls the library ({ops}){also}: the work of this exercise is the "
-                      "kernel's, and its host code may only allocate, view, fill and copy")
+        pass  # said first
     elif spec.kernel and not launched and not failing:
         causes.append(f"launched no {kind}; this exercise asks for one")
     elif spec.structure.autotuned and launched and not result.autotuned and not failing:
@@ -529,16 +538,31 @@ def _copy_of(output: object) -> object:
     return output
 
 
-def _replayable(spec: Problem, output: object, recording: Recording) -> bool:
-    """Kernel exercises whose answer is the tensor the kernels wrote, where the candidate
-    launched kernels and called no library op (that is reported already). A backward's
-    answer is assembled by autograd: there the op allowlist does the work."""
-    return (bool(spec.kernel) and spec.invoke is None and isinstance(output, torch.Tensor)
-            and bool(recording.triton_launches or recording.cuda_launches)
+def _runs(spec: Problem, on_gpu: bool) -> list[tuple[int, Case, bool]]:
+    """(index, case, again) for each run: every case, then, for a kernel exercise, its
+    cheapest case once more with new values. A kernel that keeps the answer of an earlier
+    call and hands it back for the same sizes is right on every first call; on a CPU,
+    where nothing is timed, nothing else would ever call it twice."""
+    cases = list(spec.cases(on_gpu))
+    runs = [(index, case, False) for index, case in enumerate(cases)]
+    runnable = [case for case in cases if not (device_layer.interpreter_enabled()
+                                               and case.dtype in INTERPRETER_SKIPS)]
+    if spec.kernel and runnable:
+        cheapest = min(runnable, key=lambda case: spec.cost(case).bytes)
+        runs.append((len(cases), cheapest, True))
+    return runs
+
+
+def _replayable(spec: Problem, output: object, steps: list, recording: Recording) -> bool:
+    """Kernel exercises whose answer holds tensors (one, several, or state updated in
+    place), where the candidate launched kernels in this case and called no library op
+    (that is reported already)."""
+    return (bool(spec.kernel) and spec.replayed and any(step.launch for step in steps)
+            and next(replay.tensors_in(output), None) is not None
             and not recording.library_calls(spec.library_ops))
 
 
-def _replay(spec: Problem, attempt: CaseRun, output: torch.Tensor, steps: list,
+def _replay(spec: Problem, attempt: CaseRun, output: object, steps: list,
             allocations: list[guard.Guarded], on_gpu: bool, dev: torch.device, seed: int,
             limit: float) -> str:
     """Run the case's recorded steps again on new inputs (see evidence/replay.py): "" if the output

@@ -154,7 +154,7 @@ def _causes(result: CheckResult) -> list[str]:
     if not failing:
         return []
     first = failing[0]
-    causes = [f"wrong on {first.case.label}: {first.explained}"]
+    causes = [f"wrong on {first.label}: {first.explained}"]
     if len(failing) > 1:
         causes.append(f"{len(failing)} of {len(result.cases)} cases fail")
     shown = {first.error, first.advice}
@@ -162,5 +162,5 @@ def _causes(result: CheckResult) -> list[str]:
         for text in (case.error, case.advice):
             if text and text not in shown:
                 shown.add(text)
-                causes.append(f"on {case.case.label}: {text}")
+                causes.append(f"on {case.label}: {text}")
     return causes

@@ -176,7 +176,7 @@ class CheckResult:
         lines += [f"  - {cause}" for cause in self.causes[1:]]
         for case in self.cases:
             mark = "ok  " if case.ok else "FAIL"
-            lines.append(f"  {mark} {case.case.label}: {case.summary}")
+            lines.append(f"  {mark} {case.label}: {case.summary}")
             lines += [f"         {detail}" for detail in case.details]
         lines += [f"  skip {reason}" for reason in self.skipped]
         if self.performance:
@@ -239,7 +239,7 @@ def html(result: CheckResult) -> str:
         parts.append(f"<ul style='margin: 4px 0'>{items}</ul>")
     if result.cases or result.skipped:
         rows = "".join(
-            f"<tr><td>{'✓' if c.ok else '✗'}</td><td>{esc(c.case.label)}</td>"
+            f"<tr><td>{'✓' if c.ok else '✗'}</td><td>{esc(c.label)}</td>"
             f"<td>{esc(c.summary)}{_details(c.details)}</td></tr>"
             for c in result.cases
         )

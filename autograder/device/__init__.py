@@ -178,6 +178,7 @@ def enable_interpreter_if_no_gpu() -> None:
     triton_came_first = "triton" in sys.modules
     if not interpreter_enabled():
         os.environ[INTERPRET_VAR] = "1"
+    _wrap_integers_as_compiled_kernels_do()
     if triton_came_first:
         _interpret_kernels_built_for_gpu()
         early = _kernels_defined_for_gpu()
@@ -187,6 +188,23 @@ def enable_interpreter_if_no_gpu() -> None:
 
 
 _warned: set[str] = set()
+
+
+def _wrap_integers_as_compiled_kernels_do() -> None:
+    """Turn off the interpreter's check of every integer add, subtract and multiply for
+    overflow. A kernel compiled for a GPU has no such check (outside Triton's debug mode):
+    an offset that overflows int32 wraps there, and now here too. The check also took
+    about a fifth of the interpreter's time on kernels heavy in index arithmetic."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover (triton absent)
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is not None and getattr(options, "sanitize_overflow", False):
+        import dataclasses
+
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def explain_launch_error(error: BaseException | str) -> str | None:

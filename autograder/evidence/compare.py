@@ -159,6 +159,12 @@ class CaseResult:
     # Lines under the case: one per rank of a multi-process case (where each stood, a
     # traceback), shown in the message and on the card.
     details: list[str] = field(default_factory=list)
+    again: bool = False  # a second call on a case's sizes, with new values
+
+    @property
+    def label(self) -> str:
+        return f"{self.case.label}, called again with new values" if self.again \
+            else self.case.label
 
     @property
     def explained(self) -> str:

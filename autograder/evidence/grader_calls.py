@@ -167,6 +167,10 @@ def cause(calls: object) -> str:
     parts = [f"calls the grader's own {', '.join(called[:4])}"] if called else []
     if unwatched:
         parts.append(f"ran out of the grader's watch ({'; '.join(unwatched[:3])})")
+    if not called:  # only a way out of the watch: nothing says it borrowed an answer
+        return (f"{parts[0]}: what runs there is out of the grader's sight, so the work "
+                "cannot be graded as this code's: stop it (or run it after the check), and "
+                "check again")
     return (f"{' and '.join(parts)}: this exercise is answered by your own code, not by the "
             "grader's")
 
@@ -278,9 +282,10 @@ class Watch:
 _SETPROFILE = threading.setprofile.__code__
 
 
-def _threads_of_its_own() -> list[str]:
+def threads_of_its_own(pools: bool = True) -> list[str]:
     """Threads running now that could work for the candidate unwatched: the learner's
-    own, and thread pools' workers (which run whatever is submitted to them)."""
+    own, and (with ``pools``) thread pools' workers, which run whatever is submitted to
+    them."""
     found = []
     for thread in threading.enumerate():
         if thread is threading.current_thread() or not thread.is_alive():
@@ -291,7 +296,7 @@ def _threads_of_its_own() -> list[str]:
         code = getattr(getattr(target, "__func__", target), "__code__", None)
         if code is None:
             continue
-        pool = code.co_name == "_worker" and "concurrent" in code.co_filename
+        pool = pools and code.co_name == "_worker" and "concurrent" in code.co_filename
         if pool or side_of(code) == LEARNER:
             found.append(f"{UNWATCHED}thread {thread.name!r}, started before the check")
     return found
@@ -303,7 +308,7 @@ def watching(allowed: set[int]) -> Iterator[Watch]:
     started meanwhile (from the learner's)."""
     refresh()
     watch = Watch(allowed)
-    for text in _threads_of_its_own():
+    for text in threads_of_its_own():
         watch.note(text)
     previous, previous_threads = sys.getprofile(), threading.getprofile()
     mine = watch.profile(GRADER)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Step:
     again: Callable[[], object]
     out: torch.Tensor | None = None
     what: str = ""
+    launch: bool = False  # a kernel launch (rather than a fill or a copy)
 
 
 class _AtenRecorder(TorchDispatchMode):
@@ -88,6 +90,37 @@ class _AtenRecorder(TorchDispatchMode):
         elif name in _FILLING:
             self.recording.steps.append(Step(lambda: func(*args, **kwargs), None, name))
         return out
+
+
+class _ThreadRecorder(TorchDispatchMode):
+    """The ops of a thread started while a candidate runs. Dispatch modes belong to one
+    thread, so without this, torch work handed to a new thread would go unseen; none of
+    it is host code around a kernel, so each op counts as a library call."""
+
+    def __init__(self, ops: Counter[str]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self.ops[f"{func.overloadpacket.__name__} (in a thread started during the check)"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _new_threads_recorded(ops: Counter[str]) -> Iterator[None]:
+    """Record the ops of every ``threading`` thread started meanwhile, for its whole life.
+    (Threads started earlier, the learner's, are named by ``grader_calls``.)"""
+    original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+    def bootstrap(thread: threading.Thread) -> None:
+        with _ThreadRecorder(ops):
+            original(thread)
+
+    threading.Thread._bootstrap_inner = bootstrap  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        threading.Thread._bootstrap_inner = original  # type: ignore[attr-defined]
 
 
 def _made_by_learner(launch: FrameType) -> bool:
@@ -154,7 +187,7 @@ def note_launch(name: str, again: Callable[[], object] | None = None) -> None:
         recording = _active[-1][0]
         recording.cuda_launches[name] += 1
         if again is not None:
-            recording.steps.append(Step(lambda: _unrecorded(again), None, name))
+            recording.steps.append(Step(lambda: _unrecorded(again), None, name, launch=True))
 
 
 def _unrecorded(launch: Callable[[], object]) -> object:
@@ -226,7 +259,7 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
                 recording.triton_launches[name] += 1
                 if not kwargs.get("warmup"):
                     recording.steps.append(Step(
-                        lambda: original(self, *args, **kwargs), None, name))
+                        lambda: original(self, *args, **kwargs), None, name, launch=True))
             mode.launch_depth += 1
             mode.launch_frames.append(sys._getframe())
             try:
@@ -251,7 +284,7 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
         autotuner.run = tune
     _active.append((recording, mode))
     try:
-        with mode, _cuda_launches_noted():
+        with mode, _cuda_launches_noted(), _new_threads_recorded(mode.ops):
             yield recording
     finally:
         _active.pop()

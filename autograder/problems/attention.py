@@ -187,6 +187,7 @@ register(Problem(
     signature=SIGNATURE + "  # differentiable: its gradients are graded",
     make_inputs=_backward_inputs, reference=_gradients, cost=_backward_cost,
     invoke=lambda candidate, inputs: _gradients(*inputs, forward=candidate),
+    replayed=False,
     cpu_cases=[case for case in _CPU if case.note != ONES],
     gpu_cases=[case for case in _GPU if case.note != ONES],
     # The course's kernel reached 26% on an H200 (forward and backward together): the bar
