@@ -356,3 +356,18 @@ def test_a_transpose_that_forgets_to_swap_is_told_so_not_called_a_race():
     assert "both store to out_ptr[" in message and "rows and columns the wrong way" in message
     assert not re.search(r"\brace\b", message)
     assert re.search(r"programs \(\d+, \d+, 0\) and \(\d+, \d+, 0\)", message)
+
+
+def test_an_error_inside_a_library_is_placed_on_the_learners_line():
+    import json
+
+    from rooflab.autograder import check
+
+    def parses_on_the_way(x, y):
+        return json.loads("{not json")  # the learner's line, whatever json does inside
+
+    result = check("coalescing/vector_add", parses_on_the_way, show=False,
+                   raise_on_failure=False, seed=1)
+    assert "JSONDecodeError" in result.causes[0]
+    assert "(at test_engine.py:" in result.causes[0], result.causes[0]
+    assert "decoder.py" not in result.message()

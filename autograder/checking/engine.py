@@ -122,7 +122,15 @@ def _compiler_points_at_stub(message: str) -> bool:
 
 
 def _is_learners(filename: str) -> bool:
-    return not any(filename.startswith(folder) for folder in _NOT_LEARNER)
+    """Whether a frame's file is the learner's: not the grader's, torch's or Triton's, not
+    the standard library's or an installed package's (``typing_extensions`` wraps calls
+    too), and a real file (``<candidate>`` is the grader's wrapper; code sent to another
+    process by cloudpickle is renamed ``<dynamic-code>``, its line no longer the learner's
+    line) or a cell of IPython's."""
+    if filename.startswith("<"):
+        return filename.startswith("<ipython-input")
+    return not any(filename.startswith(folder) for folder in _NOT_LEARNER) and \
+        not filename.startswith(grader_calls.LIBRARY)
 
 
 def _text(error: BaseException) -> str:

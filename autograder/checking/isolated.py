@@ -42,6 +42,7 @@ from .. import problems
 from ..confine import Sandbox, package_folder, why_unavailable
 from ..evidence import grader_calls
 from ..problem import Problem
+from ..ranks.problem import RanksProblem
 from . import answers
 from . import time_limit as limits
 
@@ -78,15 +79,17 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
                                    f"{why_unavailable()}. Install it, or give --unconfined "
                                    "to run the candidate with your rights")
     seed = new_seed() if seed is None else seed
-    limit = limits.default_s() if time_limit is None else time_limit
+    # Unless one is given, each problem keeps its own limit (a ring's is shorter).
+    limit = _limit_of(spec, time_limit)
     with tempfile.TemporaryDirectory(prefix="rooflab-check-") as scratch:
         into = Path(scratch).resolve()  # as the sandbox names it: no link in the way
         target, cwd = function, Path.cwd()
         if not unconfined:
             target, cwd, sandbox = _confined(function, into)
         command = [sys.executable, "-m", "rooflab.autograder.checking.isolated", problem_id,
-                   target, "--seed", str(seed), "--time-limit", str(limit), "--into",
-                   str(into)]
+                   target, "--seed", str(seed), "--into", str(into)]
+        if time_limit is not None:
+            command += ["--time-limit", str(time_limit)]
         if not unconfined:
             command = sandbox.command(command, cwd=cwd)
         # Its own session: a time limit ends the child and anything it started.
@@ -125,6 +128,15 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
                                       f"the candidate's process; inputs seed {seed})")
         return Verdict(EXIT_PASS, report["message"] if verbose else report["line"])
+
+
+def _limit_of(spec: Problem, given: float | None) -> float:
+    """The seconds each case of ``spec`` may take, as the check will apply them."""
+    if isinstance(spec, RanksProblem):
+        from .rank_check import time_limit
+
+        return time_limit(spec, given)
+    return limits.default_s() if given is None else given
 
 
 def _confined(function: str, into: Path) -> tuple[str, Path, Sandbox]:
@@ -235,7 +247,7 @@ def _child(argv: list[str]) -> int:
     parser.add_argument("problem")
     parser.add_argument("function")
     parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--time-limit", type=float, required=True)
+    parser.add_argument("--time-limit", type=float, default=None)
     parser.add_argument("--into", type=Path, required=True)
     args = parser.parse_args(argv)
     (args.into / STARTED).touch()
