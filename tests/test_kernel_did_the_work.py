@@ -14,6 +14,7 @@ from rooflab.autograder import check
 from rooflab.autograder.checking import engine
 from rooflab.autograder.evidence.live_memory import live
 from rooflab.kernels.amp import bf16_round, fused_adamw
+from rooflab.kernels.kmeans import _finalize as finalize
 from rooflab.kernels.kmeans import assign
 from rooflab.kernels.vector_add import vector_add
 
@@ -111,6 +112,20 @@ def test_labels_written_by_numpy_after_an_honest_first_call_fail():
     assert grade("kmeans/assign", assign).passed
     result = grade("kmeans/assign", _honest_first(assign, numpy_labels))
     assert result.failed and "not computed by its kernels" in result.message()
+
+
+def test_sums_and_counts_from_numpy_beside_a_finalizing_kernel_fail(monkeypatch):
+    monkeypatch.setattr(engine, "_maybe_tracing", contextlib.nullcontext)  # as on a GPU
+
+    def numpy_update(x, labels, k):
+        sums = torch.zeros(k, x.shape[1], dtype=torch.float32)
+        counts = torch.zeros(k, dtype=torch.int64)
+        np.add.at(sums.numpy(), labels.numpy(), x.numpy())
+        np.add.at(counts.numpy(), labels.numpy(), 1)
+        return finalize(sums, counts)  # a kernel divides: both outputs are its stores
+
+    result = grade("kmeans/update", numpy_update)
+    assert result.failed and "not computed by its kernels" in result.causes[0]
 
 
 def test_library_work_in_a_thread_started_during_the_check_is_a_library_call():
