@@ -458,13 +458,35 @@ def mean_divided_at_the_end(x: torch.Tensor, average: bool = False) -> torch.Ten
     return x
 
 
+MEANS = (mean_divided_at_the_end, sum_for_the_mean, mean_divided_twice)
+
+
+def one_of_the_means(x: torch.Tensor, average: bool, which: torch.Tensor) -> torch.Tensor:
+    return MEANS[int(which)](x, average)
+
+
 def test_the_mean_is_graded_and_its_slips_are_named():
+    """The three on both cases of the mean, in one launch of the ranks, each case judged
+    by the problem's grade as a check judges it."""
     from rooflab.autograder.problems.collectives import AVERAGE
 
     spec = spec_with(4, 8, notes=(AVERAGE,))
     assert len(spec.cpu_cases) == 2
-    assert grade(spec, mean_divided_at_the_end).passed
-    message = grade(spec, sum_for_the_mean).message()
-    assert "the sum, not the mean: divide each summed chunk by N once" in message
-    message = grade(spec, mean_divided_twice).message()
-    assert "divided by N twice" in message
+    plan = [(which, case) for which in range(len(MEANS)) for case in spec.cpu_cases]
+    inputs = [spec.make_inputs(case, torch.Generator().manual_seed(index), torch.device("cpu"))
+              for index, (_, case) in enumerate(plan)]
+    launched = launch.run(one_of_the_means, [
+        (case.sizes["ranks"], [(*args, torch.tensor(which)) for args in per_rank])
+        for (which, case), per_rank in zip(plan, inputs, strict=True)], limit=60)
+    said = {function: [] for function in MEANS}
+    for (which, case), per_rank, run in zip(plan, inputs, launched.cases, strict=True):
+        assert run.ended == "returned", run.ended
+        said[MEANS[which]].append(spec.grade(case, per_rank, [r.output for r in run.ranks],
+                                             [r.log for r in run.ranks]))
+    assert all(result.ok for result in said[mean_divided_at_the_end]), \
+        [result.explained for result in said[mean_divided_at_the_end]]
+    for function, words in ((sum_for_the_mean, "the sum, not the mean: divide each summed "
+                                               "chunk by N once"),
+                            (mean_divided_twice, "divided by N twice")):
+        assert all(not result.ok and words in result.explained for result in said[function]), \
+            [result.explained for result in said[function]]

@@ -47,7 +47,8 @@ def ring_allreduce(x, average=False):
     return x / dist.get_world_size() if average else x
 '''
 # The comparison the grade calls, patched where it is looked up, with the checks of the
-# order and the messages that would see through zeros: every answer is zeros.
+# order, the messages and their contents that would see through zeros: every answer is
+# zeros.
 COMPARE_PATCHED = '''\
 import torch
 from rooflab.autograder.evidence import compare as evidence
@@ -59,6 +60,7 @@ def always_right(out, want, **options):
 evidence.compare = problem.compare = always_right
 problem.ring_order = lambda xs, out: ""
 problem.message_causes = lambda case, logs: []
+problem.content_causes = lambda case, xs, logs, average: []
 
 def ring_allreduce(x, average=False):
     return torch.zeros_like(x)

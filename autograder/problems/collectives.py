@@ -12,7 +12,13 @@ of a gloo process group (``ranks/``) and grades three things:
 * the messages each rank sent, from the record of its torch.distributed calls: only to
   its ring neighbour, 2(N − 1) steps, one chunk each, 2(N − 1)/N·S bytes in all. At N = 2
   a ring, a naive exchange and a tree send the same bytes, and only the number and size
-  of the messages differ.
+  of the messages differ;
+* what each message carried (a digest of its values, recorded as it was sent): the
+  chunks the ranks' first messages cut, then at reduce-scatter step s the chunk summed
+  over s + 1 ranks, at each all-gather step a finished chunk. Messages of the right sizes
+  that carry something else (zeros, while the sum came through a group of the candidate's
+  own, a file, a socket) fail, whatever the answer. Chunks may be cut any way the size
+  rule allows: what a message should carry follows from the cuts the ranks made.
 
 A dropped remainder shows only where N does not divide the size: most cases' sizes are
 such. A tree shows in its order at N = 4, a naive all-reduce at N = 3. Two cases pass
@@ -25,6 +31,7 @@ a Triton kernel, graded by the ordinary engine against the copy roof.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -41,7 +48,7 @@ from ..problem import (
 )
 from ..ranks import RanksProblem
 from ..ranks.problem import world_size
-from ..ranks.record import RankLog
+from ..ranks.record import OWN, Call, RankLog
 from .coalescing import vector_cost, vector_inputs
 
 F32, I64, I32 = torch.float32, torch.int64, torch.int32
@@ -191,29 +198,65 @@ def ring_order(xs: torch.Tensor, out: torch.Tensor) -> str:
 
 # --- the messages --------------------------------------------------------------------------
 
+def _largest(size: int, n: int) -> int:
+    """The most elements one message may carry: one chunk, with a remainder's worth of
+    slack (n // N each with the remainder on one chunk, tensor_split's, and any between)."""
+    return math.ceil(size / n) + n - 1
+
+
+def _sent_bounds(size: int, n: int) -> tuple[int, int]:
+    """The fewest and most elements a rank of a ring sends, over every way of cutting the
+    tensor into N chunks of at most ``_largest`` elements: all of it twice, less the two
+    chunks it never sends (one a phase). The size rule and this one then agree."""
+    largest = min(_largest(size, n), size)
+    smallest = max(0, size - (n - 1) * largest)
+    return 2 * size - 2 * largest, 2 * size - 2 * smallest
+
+
+def _library_causes(r: int, log: RankLog, found: dict[str, str]) -> None:
+    """A group the candidate built, a collective, a group's method called directly."""
+    calls = log.collectives()
+    built = list(dict.fromkeys(call.library() for call in calls if call.builds))
+    used = list(dict.fromkeys(call.op for call in calls if call.group == OWN
+                              and not call.builds))
+    if built or used:
+        on_it = f" and calls {', '.join(used)} on it" if used else ""
+        what = f"builds a process group of its own ({', '.join(built)}){on_it}" if built \
+            else f"calls {', '.join(used)} on a group or store the harness did not give it"
+        found.setdefault("group", (
+            f"rank {r} {what}: a library call. The exercise is to build the all-reduce "
+            "from point-to-point messages (dist.isend and dist.irecv) on the group the "
+            "harness gives each rank"))
+    others = list(dict.fromkeys(call.library() for call in calls
+                                if not call.builds and call.group != OWN))
+    if others:
+        found.setdefault("collective", (
+            f"rank {r} calls {', '.join(others)}: the exercise is to build the all-reduce "
+            "from point-to-point messages (dist.isend and dist.irecv)"))
+
+
 def message_causes(case: Case, logs: list[RankLog]) -> list[str]:
     """The rules of a ring the ranks' messages break, each named once, at its first rank."""
     n, size = world_size(case), _elements(case)
     item = case.dtype.itemsize
     steps = 2 * (n - 1)
     ideal = 2 * (n - 1) / n * size  # elements each rank sends
-    largest = math.ceil(size / n) + n - 1  # one chunk, with a remainder's worth of slack
+    largest = _largest(size, n)
+    fewest, most = _sent_bounds(size, n)
     found: dict[str, str] = {}
     for log in logs:
         r, right, left = log.rank, (log.rank + 1) % n, (log.rank - 1) % n
         sends, receives = log.sends(), log.receives()
-        collectives = sorted({call.op for call in log.collectives()})
-        if collectives:
-            found.setdefault("collective", (
-                f"rank {r} calls {', '.join('dist.' + op for op in collectives)}: the "
-                "exercise is to build the all-reduce from point-to-point messages "
-                "(dist.isend and dist.irecv)"))
-            if not sends and not receives:
-                continue  # the counts below would only say the same again
-        if not sends and not receives and not collectives:
+        _library_causes(r, log, found)
+        if log.collectives() and not sends and not receives:
+            continue  # the counts below would only say the same again
+        if not sends and not receives and not log.collectives():
             found.setdefault("silent", f"rank {r} sent and received nothing through "
                                        "torch.distributed")
-        strangers = [call for call in sends + receives if call.peer not in (right, left)]
+        # A receive that named no source and was never waited on has no peer on record:
+        # its sender is checked, as a send.
+        strangers = [call for call in sends + receives if call.peer not in (right, left)
+                     and (call.is_send or call.peer is not None)]
         if strangers:
             call = strangers[0]
             way = "sends to" if call.is_send else "receives from"
@@ -243,7 +286,7 @@ def message_causes(case: Case, logs: list[RankLog]) -> list[str]:
                 f"rank {r} sends {big[0].elements:,} elements in one message, where a ring "
                 f"sends one chunk per step, n/N ≈ {size / n:,.0f}{rows}"))
         sent = sum(call.bytes for call in sends)
-        if not (ideal - 2) * item <= sent <= 2 * (n - 1) / n * (size + n) * item:
+        if not fewest * item <= sent <= most * item:
             found.setdefault("bytes", (
                 f"rank {r} sent {sent:,} B; a ring sends 2(N − 1)/N·S = "
                 f"{ideal * item:,.0f} B (S = {size * item:,} B)"))
@@ -254,12 +297,195 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
+# --- what the messages carried -------------------------------------------------------------
+
+@dataclass
+class _Message:
+    """What one send of a ring must carry: elements [lo, hi) of the flattened tensor,
+    summed over ``ranks`` (the reduce-scatter's partial sum, or every rank's)."""
+
+    lo: int
+    hi: int
+    ranks: list[int]
+    finished: bool  # an all-gather step's: the whole sum (or mean)
+
+    def words(self) -> str:
+        span = f"elements {self.lo:,} to {self.hi - 1:,}" if self.hi > self.lo + 1 else \
+            f"element {self.lo:,}"
+        if self.finished:
+            return f"the finished sum of {span}"
+        if len(self.ranks) == 1:
+            return f"{span} of its own tensor"
+        return f"{span} summed over ranks {', '.join(map(str, self.ranks))}"
+
+
+class _Judge:
+    """Checks a message's digest (``record.digest``) against what the inputs say it must
+    carry: exactly for integers; for floats within what rounding each partial sum in the
+    tensor's dtype can move it, element by element."""
+
+    def __init__(self, xs: list[torch.Tensor], average: bool):
+        self.values = torch.stack([x.reshape(-1) for x in xs]).to(torch.float64)
+        self.sizes = abs(self.values)
+        dtype = xs[0].dtype
+        self.eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+        n = len(xs)
+        self.scales = (1.0, 1.0 / n) if average else (1.0,)  # the mean: divided before or after
+        self._known: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def digests(self, message: _Message) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three numbers the message should have, and how far each may be off (both
+        in proportion to a scale the message may carry)."""
+        key = (message.lo, message.hi, tuple(message.ranks))
+        if key not in self._known:
+            rows = self.values[message.ranks, message.lo:message.hi]
+            want = rows.sum(0)
+            # Each of the k − 1 additions (and a division) rounds once in the tensor's dtype.
+            bound = (len(message.ranks) + 1) * self.eps * \
+                self.sizes[message.ranks, message.lo:message.hi].sum(0)
+            place = torch.arange(1, want.numel() + 1, dtype=torch.float64)
+            expected = torch.stack([want.sum(), (want * place).sum(), want.abs().sum()])
+            # float64's own rounding of the three sums, either side
+            most = want.abs() + bound
+            slack = torch.stack([bound.sum(), (bound * place).sum(), bound.sum()]) + \
+                1e-12 * torch.stack([most.sum(), (most * place).sum(), most.sum()]) + 1e-300
+            self._known[key] = expected, slack
+        return self._known[key]
+
+    def carries(self, call: Call, message: _Message) -> bool:
+        if call.digest is None or call.elements != message.hi - message.lo:
+            return False
+        got = torch.tensor(call.digest, dtype=torch.float64)
+        expected, slack = self.digests(message)
+        return any(bool(((got - expected * scale).abs() <= slack * scale).all())
+                   for scale in self.scales)
+
+
+def _direction(logs: list[RankLog], n: int) -> int:
+    """+1 when the ranks send to rank + 1, −1 when to rank − 1 (either, at N = 2)."""
+    first = next((call for call in logs[0].sends()), None)
+    return -1 if n > 2 and first is not None and first.peer == (0 - 1) % n else 1
+
+
+def _cuts(judge: _Judge, logs: list[RankLog]) -> dict[int, tuple[int, int]] | None:
+    """The chunk each rank starts the reduce-scatter with, from its first message: pieces
+    of its own tensor that together cover the whole, each rank's where its first message
+    matches it. A rank whose chunk is empty may have skipped its message: it gets an empty
+    chunk. None if no such cut explains the first messages."""
+    n, size = len(logs), judge.values.shape[1]
+    firsts = [next(iter(log.sends()), None) for log in logs]
+    owned: dict[int, tuple[int, int]] = {}
+
+    def place(start: int) -> bool:
+        if start == size:
+            return True
+        for r, call in enumerate(firsts):
+            if r in owned or call is None or not 0 < call.elements <= size - start:
+                continue
+            if judge.carries(call, _Message(start, start + call.elements, [r], False)):
+                owned[r] = (start, start + call.elements)
+                if place(start + call.elements):
+                    return True
+                del owned[r]
+        return False
+
+    if not place(0):
+        return None
+    return {r: owned.get(r, (size, size)) for r in range(n)}
+
+
+def _schedule(r: int, n: int, direction: int, cuts: dict[int, tuple[int, int]]
+              ) -> list[_Message]:
+    """What rank r sends at each of its 2(N − 1) steps, in a ring where rank q starts with
+    chunk ``cuts[q]``: at reduce-scatter step s the chunk rank r − s·d started with,
+    summed over ranks r − s·d … r; at all-gather step s, the finished chunk that rank
+    r + d − s·d started with."""
+    messages = []
+    for s in range(n - 1):
+        owner = (r - s * direction) % n
+        ranks = [(owner + j * direction) % n for j in range(s + 1)]
+        messages.append(_Message(*cuts[owner], ranks, False))
+    for s in range(n - 1):
+        messages.append(_Message(*cuts[(r + direction - s * direction) % n], list(range(n)),
+                                 True))
+    return messages
+
+
+def _wrong_message(r: int, call: Call, message: _Message) -> str:
+    where = f"rank {r}'s send at step {call.step} (to rank {call.peer})"
+    if call.digest is not None and call.digest[2] == 0 and message.hi > message.lo:
+        return (f"{where} held only zeros, where a ring sends {message.words()}: what the "
+                "ranks returned did not come through these messages")
+    return f"{where} does not carry what a ring sends there, {message.words()}"
+
+
+def content_causes(case: Case, xs: list[torch.Tensor], logs: list[RankLog],
+                   average: bool) -> list[str]:
+    """Whether each message carried what a ring delivers at its step (the first that did
+    not, in words). Judged only where the messages have a ring's shape (one way round, no
+    more than 2(N − 1) sends a rank); ``message_causes`` names any other shape."""
+    n = world_size(case)
+    if any(log.collectives() for log in logs) or any(
+            len(log.sends()) > 2 * (n - 1) for log in logs) or not any(
+            log.sends() for log in logs):
+        return []
+    direction = _direction(logs, n)
+    if any(call.peer != (log.rank + direction) % n for log in logs for call in log.sends()):
+        return []
+    unrecorded = next((log for log in logs if any(c.digest is None for c in log.sends())),
+                      None)
+    if unrecorded is not None:
+        return [f"rank {unrecorded.rank}'s record holds no digest of what its messages "
+                "carried: the grader cannot tell a ring's messages from empty ones"]
+    judge = _Judge(xs, average)
+    cuts = _cuts(judge, logs)
+    if cuts is None:
+        return [_first_messages_cause(judge, logs, direction)]
+    for log in logs:
+        calls = log.sends()
+        for message in _schedule(log.rank, n, direction, cuts):
+            if calls and calls[0].elements == message.hi - message.lo:
+                call = calls.pop(0)
+                if not judge.carries(call, message):
+                    return [_wrong_message(log.rank, call, message)]
+            elif message.hi > message.lo or not calls:  # only an empty one may be skipped
+                if calls:
+                    return [f"rank {log.rank}'s send at step {calls[0].step} carries "
+                            f"{calls[0].elements:,} elements, where a ring sends "
+                            f"{message.words()} ({message.hi - message.lo:,} elements)"]
+                if message.hi > message.lo:
+                    return [f"rank {log.rank} never sent {message.words()}"]
+    return []
+
+
+def _first_messages_cause(judge: _Judge, logs: list[RankLog], direction: int) -> str:
+    """Why no cut of the tensor explains the ranks' first messages."""
+    n = len(logs)
+    for log in logs:
+        first = next(iter(log.sends()), None)
+        if first is None or first.elements == 0:
+            continue
+        own = _Message(0, first.elements, [log.rank], False)
+        if first.digest is not None and first.digest[2] == 0 and \
+                bool(judge.sizes[log.rank].any()):
+            return _wrong_message(log.rank, first, own).replace(own.words(), (
+                "a chunk of its own tensor at the reduce-scatter's first step"))
+        if not any(judge.carries(first, _Message(lo, lo + first.elements, [log.rank], False))
+                   for lo in range(judge.values.shape[1] - first.elements + 1)):
+            return (f"rank {log.rank}'s first send (to rank {(log.rank + direction) % n}) "
+                    f"is no stretch of its own tensor: a ring's reduce-scatter starts with "
+                    "each rank sending one chunk of its own")
+    return ("the ranks' first messages are not N chunks that cut the tensor: a ring's "
+            "reduce-scatter starts with each rank sending a different chunk, and together "
+            "they cover the tensor once")
+
+
 # --- the answers ---------------------------------------------------------------------------
 
 def _remainder_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
     size = want.numel()
     tail = size % n
-    if not tail or out.shape != want.shape:
+    if not tail or not isinstance(out, torch.Tensor) or out.shape != want.shape:
         return ""
     wrong = ~torch.isclose(out.reshape(-1).double(), want.reshape(-1).double(),
                            rtol=1e-4, atol=1e-4)
@@ -274,7 +500,7 @@ def _remainder_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
 
 def _average_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
     """The classic slips of a mean: the sum itself, or divided by N more than once."""
-    if out.shape != want.shape:
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         return ""
     for factor, words in ((n, "the sum, not the mean: divide each summed chunk by N once"),
                           (1 / n, "divided by N twice: divide once, on the rank that "
@@ -295,9 +521,10 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
     first: Comparison | None = None
     for rank, out in enumerate(outputs):
         name = f"rank {rank}'s answer"
-        if isinstance(out, str):
+        if not isinstance(out, torch.Tensor):
+            said = out if isinstance(out, str) else "no answer reached the grader"
             return CaseResult(case, Comparison(False, cause=(
-                f"{name}: {out}, expected a torch.Tensor (did you forget to return it? "
+                f"{name}: {said}, expected a torch.Tensor (did you forget to return it? "
                 "Working in place, return x)")))
         seen = compare(out, want, dtype=case.dtype, device=torch.device("cpu"),
                        tolerance=tolerance, name=name)
@@ -313,7 +540,7 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
                 f"rank {rank}'s answer differs from rank 0's in {int(differ.sum())} elements "
                 "(in the last bits): the ranks summed in different orders. In a ring each "
                 "chunk is summed once, on one rank, and every rank receives that sum")))
-    causes = message_causes(case, logs)
+    causes = message_causes(case, logs) + content_causes(case, xs, logs, average)
     if floating and n >= 3 and _elements(case) >= ORDER_MIN_CHUNK * n:
         # The mean of a power-of-two N, times N, is the sum bit for bit.
         summed = outputs[0] * n if average else outputs[0]

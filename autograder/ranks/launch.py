@@ -52,6 +52,14 @@ class RankRun:
     output: object = None  # the tensor it returned, or "returned <type>", or None
     printed: str = ""  # its stdout, the last lines
     errors: str = ""  # its stderr, the last lines
+    exited: float | None = None  # time.monotonic() when the launcher found it gone
+
+    @property
+    def left(self) -> bool:
+        """It ended on its own before its candidate returned: ``os._exit``, a crash in
+        native code, a signal; not raised (the rank then waits) nor killed."""
+        return (self.status is not None and not self.killed and not self.log.returned
+                and self.log.raised is None and not self.log.failed)
 
 
 @dataclass
@@ -201,9 +209,10 @@ def _ranks(folder: Path, world: int, seen: dict | None) -> list[RankRun]:
                 output = torch.load(folder / f"rank{rank}.pt", weights_only=True)
             except Exception as error:  # noqa: BLE001 (whatever it wrote, say so)
                 output = f"returned something the grader cannot read ({error})"
+        exited = seen.get("exited", [None] * world)[rank] if seen else None
         runs.append(RankRun(rank, status, killed, record.read(folder / f"rank{rank}.log", rank),
                             output, _tail(folder / f"rank{rank}.out", lines=20),
-                            _tail(folder / f"rank{rank}.err", lines=20)))
+                            _tail(folder / f"rank{rank}.err", lines=20), exited))
     return runs
 
 

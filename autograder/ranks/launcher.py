@@ -136,14 +136,18 @@ def _run_case(folder: Path, world: int, candidate, job: dict, run_rank) -> dict:
     joined = failed_at = None
     ended = "returned"
     statuses: dict[int, int] = {}
+    exited: dict[int, float] = {}  # when each rank was found gone: the clock the ranks use
     while len(statuses) < world:
         for rank, pid in enumerate(pids):
             if rank not in statuses:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     statuses[rank] = os.waitstatus_to_exitcode(status)
-                    if statuses[rank] != 0 and failed_at is None:
-                        failed_at = time.monotonic()
+                    exited[rank] = time.monotonic()
+                    # A rank gone without its answer (os._exit(0) is status 0) failed:
+                    # the others may be waiting for it.
+                    if failed_at is None and not _answered(folder, rank, statuses[rank]):
+                        failed_at = exited[rank]
         if len(statuses) == world:
             break
         now = time.monotonic()
@@ -169,11 +173,19 @@ def _run_case(folder: Path, world: int, candidate, job: dict, run_rank) -> dict:
             pass
     for rank in killed:  # reap them: no zombie is left for anyone
         statuses[rank] = os.waitstatus_to_exitcode(os.waitpid(pids[rank], 0)[1])
-    if ended == "returned" and any(statuses.values()):
+    if ended == "returned" and not all(_answered(folder, rank, statuses[rank])
+                                       for rank in range(world)):
         ended = "a rank failed"
     return {"ended": ended, "pids": list(pids), "killed": killed,
             "status": [statuses[rank] for rank in range(world)],
+            "exited": [exited.get(rank) for rank in range(world)],
             "seconds": time.monotonic() - (joined or started)}
+
+
+def _answered(folder: Path, rank: int, status: int) -> bool:
+    """The rank ended as a rank does once its candidate returned: status 0, its answer
+    saved (``rank.py`` saves it before it waits for the others)."""
+    return status == 0 and (folder / f"rank{rank}.pt").exists()
 
 
 if __name__ == "__main__":

@@ -76,9 +76,11 @@ def _run(folder: Path, rank: int, world: int, candidate: Callable) -> int:
                             timeout=GLOO_TIMEOUT)
     record.emit({"e": "ready"})
     (folder / f"ready{rank}").touch()
+    record.watch()  # groups and stores made from here on are the candidate's
     try:
         output = candidate(*inputs)
     except BaseException as error:  # noqa: BLE001 (SystemExit too: the learner's bug)
+        record.watch(False)
         record.candidate_raised(error)
         # "stub" for the learner's `raise NotImplementedError()`: the launcher runs no
         # later case once every rank of one has said so (nothing is written yet).
@@ -88,6 +90,7 @@ def _run(folder: Path, rank: int, world: int, candidate: Callable) -> int:
         # "Connection closed by peer", which would hide the first error among theirs.
         while True:
             time.sleep(60)
+    record.watch(False)
     _save(folder / f"rank{rank}.pt", output)
     record.candidate_returned()
     # Stay until every rank has returned: a rank that leaves closes its connections, and

@@ -14,6 +14,14 @@ at most the line being written; ``read`` drops a torn last line.
 
 Only the outermost call is recorded: ``send`` is built on ``isend`` and ``wait``, and a
 learner's one send must count once.
+
+What a send carried is recorded too, as a digest of its values (``digest``): the grader
+checks each message against what the algorithm must deliver at that step, so messages of
+the right sizes that carry nothing fail, however the answer got to the ranks. And while
+the candidate runs (``watch``), so is every way around the functions above that Python
+can see: a process group or a store it builds itself, and a group's own methods called
+directly. Every public function of torch.distributed is recorded but those listed as
+``SILENT``, so one that a new torch adds is recorded until it is classified.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +46,73 @@ SENDS = ("send", "isend")
 # Everything else a learner might reach for instead of writing the algorithm.
 COLLECTIVES = (
     "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather",
-    "all_gather_into_tensor", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
-    "reduce_scatter_single", "all_to_all",
+    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all",
     "all_to_all_single", "scatter", "gather", "barrier", "monitored_barrier",
     "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "send_object_list", "recv_object_list",
 )
+# Those that make a process group, or a store to make one from: a channel of the
+# candidate's own, which the functions above never see.
+GROUPS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
+          "shrink_group", "init_process_group", "destroy_process_group", "init_device_mesh",
+          "rendezvous")
+# The public functions of torch.distributed that communicate nothing: they ask about the
+# group, the backend or the build, or set up debugging. ``install`` records every other.
+SILENT = frozenset({
+    "GroupName", "breakpoint", "get_backend", "get_backend_config", "get_debug_level",
+    "get_default_backend_for_device", "get_global_rank", "get_group_rank",
+    "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank",
+    "get_world_size", "is_available", "is_backend_available", "is_gloo_available",
+    "is_initialized", "is_mpi_available", "is_nccl_available", "is_torchelastic_launched",
+    "is_ucc_available", "is_xccl_available", "record_comm", "register_rendezvous_handler",
+    "set_debug_level", "set_debug_level_from_env", "supports_complex",
+})
+# Public classes of torch.distributed whose construction is a group, a store or DDP's
+# all-reduce engine: recorded as a group the candidate built.
+BUILDERS = ("ProcessGroup", "ProcessGroupGloo", "FileStore", "TCPStore", "HashStore",
+            "PrefixStore", "Reducer", "DeviceMesh")
+SILENT_CLASSES = frozenset({
+    "AllToAllOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "Backend",
+    "BackendConfig", "BarrierOptions", "BroadcastOptions", "BuiltinCommHookType",
+    "DebugLevel", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
+    "GatherOptions", "GradBucket", "GroupMember", "Logger", "P2POp", "QueueEmptyError",
+    "ReduceOp", "ReduceOptions", "ReduceScatterOptions", "ScatterOptions", "Store", "Work",
+    "group", "timedelta",
+})
+# Methods of a process group (and of its backend) that move data: called directly, on the
+# default group or on one built from a store, they go around every function above.
+GROUP_METHODS = (
+    "_allgather_base", "_reduce_scatter_base", "all_gather_single",
+    "all_gather_single_coalesced", "all_to_all_single", "allgather", "allgather_coalesced",
+    "allgather_into_tensor_coalesced", "allreduce", "allreduce_coalesced", "alltoall",
+    "alltoall_base", "barrier", "broadcast", "gather", "merge_remote_group",
+    "monitored_barrier", "recv", "recv_anysource", "reduce", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced", "scatter", "send", "shrink", "split_group",
+)
+SILENT_METHODS = frozenset({
+    "BackendType", "CUSTOM", "GLOO", "MPI", "NCCL", "Options", "UCC", "UNDEFINED", "XCCL",
+    "_backend_id", "_device_types", "_enable_collectives_timing", "_end_coalescing",
+    "_get_backend", "_get_backend_name", "_get_sequence_number_for_group", "_has_hooks",
+    "_id", "_pybind11_conduit_v1_", "_register_backend", "_register_on_completion_hook",
+    "_set_default_backend", "_set_group_desc", "_set_group_name",
+    "_set_sequence_number_for_group", "_start_coalescing", "_wait_for_pending_works", "abort",
+    "allocate_tensor", "bound_device_id", "boxed", "eager_connect_single_device",
+    "get_group_store", "group_desc", "group_name", "mem_allocator", "memory_stats", "name",
+    "rank", "resume", "setUsePgForSymmMemRendezvous", "set_timeout", "shutdown", "size",
+    "supports_coalescing", "supports_shrinking", "supports_splitting",
+    "supports_tensor_alloc", "supports_time_estimate", "suspend", "unbox",
+    "use_pg_for_symm_mem_rendezvous",
+})
+# torch.distributed.distributed_c10d's own ways to a new group, from its default store.
+INTERNALS = ("_get_default_store", "_new_group_with_tag", "_new_process_group_helper")
+# A store's methods that carry data between processes.
+STORE_METHODS = ("add", "append", "compare_set", "get", "multi_get", "multi_set",
+                 "queue_pop", "queue_push", "set")
+# In the log, an op the candidate reached around the recorded functions: a group or
+# store it built ("own"), or the harness's own group used through its methods.
+OWN, HARNESS = "own", "harness"
 
 # Frames in these folders are torch's or the grader's; the first other frame is the
 # learner's line that made the call.
@@ -66,6 +136,11 @@ class Call:
     via: str = ""  # "batch_isend_irecv" when it was one of a batch
     started: float = 0.0  # time.monotonic() when it was called (one clock for all ranks)
     ended: float | None = None  # when it returned (blocking) or its wait did; None: never
+    # For a send, what it carried (``digest``); None where the log holds none.
+    digest: tuple[float, float, float] | None = None
+    # For an op reached around the recorded functions: OWN, a group or store the
+    # candidate built; HARNESS, the default group's methods called directly.
+    group: str = ""
 
     @property
     def is_send(self) -> bool:
@@ -74,6 +149,23 @@ class Call:
     @property
     def is_point_to_point(self) -> bool:
         return self.op in POINT_TO_POINT
+
+    @property
+    def builds(self) -> bool:
+        """A group or store the candidate made (``dist.new_group``, ``ProcessGroupGloo``)."""
+        return self.op in GROUPS or self.op in BUILDERS or self.op in INTERNALS
+
+    def library(self) -> str:
+        """How the learner's code reached it, for a message: "dist.all_reduce",
+        "ProcessGroup.allreduce directly", "dist.ProcessGroupGloo(…)"."""
+        if self.op in BUILDERS:
+            return f"dist.{self.op}(…)"
+        if self.op in INTERNALS:
+            return f"dist.distributed_c10d.{self.op}()"
+        if "." in self.op:
+            where = " on a group of its own" if self.group == OWN else " directly"
+            return self.op + where
+        return f"dist.{self.op}"
 
     def describe(self) -> str:
         """"send to rank 1 at step 0 (4,096 B)", "all_reduce (4,096 B)"."""
@@ -171,13 +263,34 @@ def _size(value: object) -> tuple[int, int, str]:
     return 0, 0, ""
 
 
-def _begin(op: str, tensor: object, peer: int | None, blocking: bool, via: str = "") -> int:
+def digest(tensor: object) -> list[float] | None:
+    """What a message carried, in three float64 numbers: the sum of its values, their sum
+    weighted by place (1, 2, 3, …) and the sum of their magnitudes. The grader computes
+    the same from the inputs for what the message should carry; the last is 0 only for
+    zeros. None for what is not a tensor of numbers."""
+    if not isinstance(tensor, torch.Tensor) or tensor.is_complex() or tensor.is_meta:
+        return None
+    try:
+        values = tensor.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
+    except (RuntimeError, TypeError):
+        return None
+    place = torch.arange(1, values.numel() + 1, dtype=torch.float64)
+    return [float(values.sum()), float((values * place).sum()), float(values.abs().sum())]
+
+
+def _begin(op: str, tensor: object, peer: int | None, blocking: bool, via: str = "",
+           carried: bool = False, group: str = "") -> int:
     global _seq
     seq, _seq = _seq, _seq + 1
     elements, size, dtype = _size(tensor)
-    emit({"e": "call", "seq": seq, "op": op, "peer": peer, "elements": elements,
-          "bytes": size, "dtype": dtype, "blocking": blocking, "at": _learners_line(),
-          "via": via, "t": time.monotonic()})
+    event = {"e": "call", "seq": seq, "op": op, "peer": peer, "elements": elements,
+             "bytes": size, "dtype": dtype, "blocking": blocking, "at": _learners_line(),
+             "via": via, "t": time.monotonic()}
+    if carried:
+        event["digest"] = digest(tensor)
+    if group:
+        event["group"] = group
+    emit(event)
     return seq
 
 
@@ -185,13 +298,19 @@ class Request:
     """A Work handle from isend, irecv or an async collective, whose ``wait`` is logged:
     a rank stuck in ``req.wait()`` is waiting for that request, and the log says so."""
 
-    def __init__(self, work: object, seqs: list[int]):
-        self._work, self._seqs = work, seqs
+    def __init__(self, work: object, seqs: list[int], from_any: bool = False):
+        self._work, self._seqs, self._from_any = work, seqs, from_any
 
     def wait(self, *args, **kwargs):
         emit({"e": "wait", "seqs": self._seqs, "at": _learners_line()})
         done = self._work.wait(*args, **kwargs)
-        emit({"e": "waited", "seqs": self._seqs, "t": time.monotonic()})
+        event = {"e": "waited", "seqs": self._seqs, "t": time.monotonic()}
+        if self._from_any:  # an irecv that named no source: now it is known
+            try:
+                event["peer"] = int(self._work._source_rank())
+            except (AttributeError, RuntimeError, TypeError, ValueError):
+                pass
+        emit(event)
         return done
 
     def __getattr__(self, name: str):
@@ -226,14 +345,15 @@ def _point_to_point(name: str, original):
         peer = given.get("dst" if sends else "src")
         if peer is None:
             peer = given.get("group_dst" if sends else "group_src")
-        seq = _begin(name, given.get("tensor"), peer, blocking=name in BLOCKING)
+        seq = _begin(name, given.get("tensor"), peer, blocking=name in BLOCKING,
+                     carried=sends)
         result = _inner(original, *args, **kwargs)
         if name in BLOCKING:
             # recv from any rank returns the sender: record who it was
             emit({"e": "done", "seq": seq, "peer": result if name == "recv" else peer,
                   "t": time.monotonic()})
             return result
-        return Request(result, [seq]) if result is not None else None
+        return Request(result, [seq], from_any=peer is None) if result is not None else None
 
     return wrapper
 
@@ -273,7 +393,7 @@ def _batch(original):
             name = getattr(op.op, "__name__", "isend")
             name = name if name in ("isend", "irecv") else "isend"
             seqs.append(_begin(name, op.tensor, op.peer, blocking=False,
-                               via="batch_isend_irecv"))
+                               via="batch_isend_irecv", carried=name == "isend"))
         works = _inner(original, p2p_op_list)
         if len(works) == len(seqs):
             return [Request(work, [seq]) for work, seq in zip(works, seqs, strict=True)]
@@ -282,30 +402,120 @@ def _batch(original):
     return wrapper
 
 
+_watching = False
+
+
+def watch(on: bool = True) -> None:
+    """Record groups and stores built, and groups' methods called directly, from now on
+    (``on``) or no longer: while the candidate runs, not while the harness joins the
+    group or waits for the other ranks."""
+    global _watching
+    _watching = on
+
+
+def _default_group() -> tuple[object, ...]:
+    """The harness's process group, and its backend: called directly, still the library."""
+    try:
+        group = dist.distributed_c10d._world.default_pg
+    except AttributeError:  # another torch keeps it elsewhere: every group is "own"
+        return ()
+    try:
+        return group, group._get_backend(torch.device("cpu"))
+    except (AttributeError, RuntimeError):
+        return (group,)
+
+
+def _around(op: str, original, tensors=lambda args, kwargs: None, whose=None):
+    """A wrapper that records ``op`` when the candidate calls it, not from inside a
+    recorded call (torch's own use) nor outside the candidate's run."""
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _depth() or not _watching:
+            return original(*args, **kwargs)
+        group = whose(args[0]) if whose is not None and args else OWN
+        _begin(op, tensors(args, kwargs), None, blocking=False, group=group)
+        return _inner(original, *args, **kwargs)
+
+    return wrapper
+
+
+def _method_tensors(args, kwargs):
+    """The tensors handed to a group's method: its first argument after the group."""
+    return args[1] if len(args) > 1 else None
+
+
+def _whose(group: object) -> str:
+    return HARNESS if any(group is mine for mine in _default_group()) else OWN
+
+
+def _install_methods() -> None:
+    """Wrap the methods of a process group and its backend that move data, the
+    constructors of groups and stores, and a store's methods: ways around the
+    module's functions that Python can still see."""
+    c10d = dist.distributed_c10d
+    for cls in (torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend):
+        for name in GROUP_METHODS:
+            if name in vars(cls):
+                setattr(cls, name, _around(f"{cls.__name__}.{name}", getattr(cls, name),
+                                           _method_tensors, _whose))
+    store = torch._C._distributed_c10d.Store
+    for name in STORE_METHODS:
+        if name in vars(store):
+            setattr(store, name, _around(f"Store.{name}", getattr(store, name)))
+    for name in BUILDERS:
+        cls = getattr(dist, name, None)
+        if isinstance(cls, type) and "__init__" in vars(cls):
+            cls.__init__ = _around(name, vars(cls)["__init__"])
+    for name in INTERNALS:
+        original = getattr(c10d, name, None)
+        if original is not None:
+            setattr(c10d, name, _around(name, original))
+
+
+def public(module: object) -> list[str]:
+    """The public callables of a module (torch.distributed's deprecated ``reduce_op``
+    warns when looked at: it is no callable, and not looked at twice)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return [name for name in dir(module) if not name.startswith("_")
+                and callable(getattr(module, name))]
+
+
+def _wrap(name: str, original):
+    if name == "batch_isend_irecv":
+        return _batch(original)
+    if name in POINT_TO_POINT:
+        return _point_to_point(name, original)
+    if name in GROUPS:
+        return _around(name, original)
+    return _collective(name, original)  # the collectives, and any function not classified
+
+
 _installed = False
 
 
 def install() -> None:
-    """Wrap torch.distributed's functions in this process (idempotent). Both names of each
-    are replaced, ``torch.distributed.send`` and ``torch.distributed.distributed_c10d.send``:
-    torch's own helpers (``P2POp``, ``send``) look them up in the latter."""
+    """Wrap torch.distributed's functions in this process (idempotent): every public one
+    but the ``SILENT``, under both names where it has two, ``torch.distributed.send`` and
+    ``torch.distributed.distributed_c10d.send`` (torch's own helpers, ``P2POp`` and
+    ``send``, look them up in the latter), or its own module's; and the ways around them
+    (``_install_methods``)."""
     global _installed
     if _installed:
         return
-    c10d = dist.distributed_c10d
-    for name in POINT_TO_POINT + COLLECTIVES + ("batch_isend_irecv",):
-        original = getattr(c10d, name, None)
+    names = [name for name in public(dist) if name not in SILENT
+             and not inspect.isclass(getattr(dist, name))]
+    for name in dict.fromkeys([*POINT_TO_POINT, *COLLECTIVES, *GROUPS, "batch_isend_irecv",
+                               *names]):
+        original = getattr(dist, name, None) or getattr(dist.distributed_c10d, name, None)
         if original is None:  # an older torch without it
             continue
-        if name == "batch_isend_irecv":
-            wrapped = _batch(original)
-        elif name in POINT_TO_POINT:
-            wrapped = _point_to_point(name, original)
-        else:
-            wrapped = _collective(name, original)
-        setattr(c10d, name, wrapped)
-        if getattr(dist, name, None) is original:
-            setattr(dist, name, wrapped)
+        wrapped = _wrap(name, original)
+        home = sys.modules.get(getattr(original, "__module__", "") or "")
+        for module in {dist, dist.distributed_c10d, home} - {None}:
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
+    _install_methods()
     _installed = True
 
 
@@ -364,7 +574,8 @@ def parse(text: str, rank: int) -> RankLog:
             call = Call(event["seq"], event["op"], event["peer"], event["elements"],
                         event["bytes"], event["dtype"], event["blocking"],
                         at=tuple(event["at"]) if event.get("at") else None,
-                        via=event.get("via", ""), started=event.get("t", 0.0))
+                        via=event.get("via", ""), started=event.get("t", 0.0),
+                        digest=_digest(event.get("digest")), group=event.get("group", ""))
             if call.is_point_to_point:
                 call.step = steps[call.is_send]
                 steps[call.is_send] += 1
@@ -386,6 +597,8 @@ def parse(text: str, rank: int) -> RankLog:
             for seq in event["seqs"]:
                 if seq in by_seq:
                     by_seq[seq].ended = event.get("t")
+                    if by_seq[seq].peer is None and isinstance(event.get("peer"), int):
+                        by_seq[seq].peer = event["peer"]
         elif kind == "returned":
             log.returned = True
         elif kind == "raised":
@@ -399,3 +612,11 @@ def parse(text: str, rank: int) -> RankLog:
     log.waiting_for = [by_seq[seq] for seq in waiting if seq in by_seq]
     log.last = log.calls[-1] if log.calls else None
     return log
+
+
+def _digest(value: object) -> tuple[float, float, float] | None:
+    """A digest as the log holds it, if it is three numbers."""
+    if isinstance(value, list) and len(value) == 3 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return (float(value[0]), float(value[1]), float(value[2]))
+    return None

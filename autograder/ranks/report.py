@@ -72,10 +72,10 @@ def state(run: RankRun, files: Files) -> tuple[str, str]:
     if log.failed:
         last = log.failed.strip().splitlines()[-1]
         return (f"{rank}: the grader failed in it ({last})",) * 2
-    if run.status not in (None, 0) and not run.killed:
+    if _died(run):
         inside = f", in {log.blocked_in.describe()}" if log.blocked_in is not None else ""
-        text = (f"{rank} ended ({_status(run.status)}) before returning{inside}: os._exit, "
-                "or a crash in native code?")
+        why = "os._exit?" if run.status == 0 else "os._exit, or a crash in native code?"
+        text = f"{rank} ended ({_status(run.status)}) before returning{inside}: {why}"
         return text, text
     if log.blocked_in is not None:
         text = f"{rank} blocked in {log.blocked_in.describe()}"
@@ -96,6 +96,28 @@ def state(run: RankRun, files: Files) -> tuple[str, str]:
         return text, text + _at(files, log.last.at)
     text = f"{rank} was running its own code and had made no torch.distributed call"
     return text, text
+
+
+def _died(run: RankRun) -> bool:
+    """The rank's process ended on its own, without returning or raising: it left (exit
+    status 0 included), or died after returning (a crash at exit)."""
+    return run.left or (run.status not in (None, 0) and not run.killed
+                        and run.log.raised is None and not run.log.failed)
+
+
+# The launcher polls its ranks every few milliseconds, on a machine that may be busy: a
+# rank found gone this long after another raised may still have left first.
+FOUND_GONE_S = 0.25
+
+
+def _left_first(died: RankRun, raised: RankRun) -> bool:
+    """Did ``died`` leave before ``raised`` raised? A rank that leaves closes its
+    connections, and its peers then raise ("Connection reset by peer"): the one that left
+    is the cause. A rank that raises stays, connections open, so nothing of that kind
+    follows from it."""
+    if died.exited is None:
+        return True
+    return died.exited - FOUND_GONE_S <= raised.log.raised.get("t", 0.0)
 
 
 def _exception(raised: dict) -> str:
@@ -176,8 +198,10 @@ def failure(case: CaseRun, files: Files) -> tuple[str, list[str]]:
     raised = sorted((run for run in case.ranks if run.log.raised is not None),
                     key=lambda run: run.log.raised.get("t", 0.0))  # the first is the cause
     failed = [run for run in case.ranks if run.log.failed]
-    died = [run for run in case.ranks if run.status not in (None, 0) and not run.killed
-            and run.log.raised is None and not run.log.failed]
+    died = sorted((run for run in case.ranks if _died(run)),
+                  key=lambda run: (run.exited is None, run.exited or 0.0))
+    if died and raised and _left_first(died[0], raised[0]):
+        raised = []  # they raised for want of the rank that left: it is the cause
     details = []
     if raised:
         first = raised[0]
@@ -191,6 +215,11 @@ def failure(case: CaseRun, files: Files) -> tuple[str, list[str]]:
         details += [f"rank {first.rank}'s traceback:"] + traceback_lines(first, files)
     elif died:
         error = state(died[0], files)[0]
+        alike = sorted(run.rank for run in died if run.status == died[0].status
+                       and run.log.blocked_in is None)
+        if len(alike) > 1 and died[0].log.blocked_in is None:  # "ranks 0, 1 ended (...)"
+            error = error.replace(f"rank {died[0].rank} ",
+                                  f"ranks {', '.join(map(str, alike))} ", 1)
     elif failed:
         error = f"the grader failed in rank {failed[0].rank}: " + \
             failed[0].log.failed.strip().splitlines()[-1]
@@ -198,7 +227,8 @@ def failure(case: CaseRun, files: Files) -> tuple[str, list[str]]:
         error = "the ranks could not form a process group in time"
     else:
         error = "a rank failed"
-    others = [run for run in case.ranks if not (raised and run is raised[0])]
+    shown = raised[0] if raised else died[0] if died else None
+    others = [run for run in case.ranks if run is not shown]
     details += [state(run, files)[1] for run in others]
     if failed or case.ended == "join limit":  # the grader's trouble: what torch said
         details += [f"rank {run.rank}'s stderr: {line}" for run in case.ranks
