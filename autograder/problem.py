@@ -213,6 +213,12 @@ class Problem:
     # invoke(candidate, inputs) -> output, where calling candidate(*inputs) is not the whole
     # exercise (e.g. a backward pass: run the forward, then backward, return the gradients).
     invoke: Callable[[Callable, tuple], object] | None = None
+    # host_check(case, inputs, writes) -> "" or why: ``writes`` are what the host code
+    # wrote (fills, copies, casts) as (aten op, bytes, shape). Where the exercise is to
+    # avoid materialising something (a matrix of distances), a copy of an expanded view
+    # must not do it for the kernel.
+    host_check: Callable[[Case, tuple, list[tuple[str, int, tuple[int, ...]]]], str] | None \
+        = None
     # Whether every passing case is run again on new inputs, its launches alone
     # (``evidence/replay.py``). False where the answer is assembled by something the grader
     # cannot log step by step (autograd, for a backward exercise): there the rule on host

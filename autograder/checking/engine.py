@@ -26,7 +26,7 @@ from ..device import cuda, roofline, versions
 from ..device.timing import time_gpu
 from ..evidence import grader_calls, guard, poison, replay
 from ..evidence.compare import CaseResult, Comparison, bits, compare
-from ..evidence.recording import Recording, recorder
+from ..evidence.recording import Recording, host_writes, recorder
 from ..model import matrix_units, traffic
 from ..model.trace import tracing
 from ..problem import Case, Problem, dtype_name
@@ -338,6 +338,8 @@ def check(
             judged.advice = ("right on the first call with these sizes, wrong on a second "
                              "call with new values: does it keep an answer, or state, from an "
                              "earlier call?")
+        if judged.ok and spec.host_check is not None:
+            judged.error = spec.host_check(case, attempt.inputs, host_writes(steps))
         if judged.ok and launches and spec.trace_check is not None:
             # Right answer; does the traced work match what the exercise is about?
             judged.error = spec.trace_check(case, attempt.inputs, launches, output)

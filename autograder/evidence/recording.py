@@ -58,6 +58,19 @@ class Step:
     out: torch.Tensor | None = None
     what: str = ""
     launch: bool = False  # a kernel launch (rather than a fill or a copy)
+    written: tuple[int, tuple[int, ...]] = (0, ())  # by host code: bytes, and the shape
+
+
+def _bytes_of(tensor: object) -> tuple[int, tuple[int, ...]]:
+    if not isinstance(tensor, torch.Tensor):
+        return 0, ()
+    return tensor.numel() * tensor.element_size(), tuple(tensor.shape)
+
+
+def host_writes(steps: list[Step]) -> list[tuple[str, int, tuple[int, ...]]]:
+    """What host code wrote in ``steps`` (fills, copies, casts: the materialising a kernel
+    is often asked to avoid), as (aten op, bytes, shape)."""
+    return [(step.what, *step.written) for step in steps if not step.launch]
 
 
 class _AtenRecorder(TorchDispatchMode):
@@ -86,9 +99,10 @@ class _AtenRecorder(TorchDispatchMode):
             return guarded.view
         if name in _CREATING and isinstance(out, torch.Tensor):
             self.recording.steps.append(Step(lambda: out.copy_(func(*args, **kwargs)), out,
-                                             name))
+                                             name, written=_bytes_of(out)))
         elif name in _FILLING:
-            self.recording.steps.append(Step(lambda: func(*args, **kwargs), None, name))
+            self.recording.steps.append(Step(lambda: func(*args, **kwargs), None, name,
+                                             written=_bytes_of(args[0] if args else None)))
         return out
 
 
