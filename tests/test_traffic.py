@@ -294,3 +294,36 @@ def test_pictures_show_bytes_per_program_and_one_programs_elements():
     assert marks.shape == (96, 64)
     assert (marks == 2).sum() == 32 * 32  # program 0 stores one 32×32 tile of out
     assert (marks[:32, :32] == 2).all()
+
+
+@triton.jit
+def _flag_if_negative(x_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    if tl.min(x, axis=0) < 0:
+        tl.store(flag_ptr, 1.0)  # whichever programs find one: the same value
+
+
+@triton.jit
+def _flag_each_block(x_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    tl.store(flag_ptr, (tl.min(x, axis=0) < 0).to(tl.float32))  # 0.0 or 1.0: the last wins
+
+
+@triton.jit
+def _flag_then_count(x_ptr, flag_ptr, BLOCK: tl.constexpr):
+    tl.store(flag_ptr, 1.0)
+    tl.atomic_add(flag_ptr, 1.0)  # another program's store may land after this
+
+
+def test_programs_storing_one_value_to_one_address_do_not_race_and_different_ones_do():
+    x = -torch.rand(64)  # every block has a negative: every program stores
+    assert violations(traced(_flag_if_negative[(4,)], x, torch.zeros(1), 64, BLOCK=16)) \
+        == ([], [])
+    x[:32] = 1.0  # the first two blocks store 0.0, the last two 1.0
+    _, races = violations(traced(_flag_each_block[(4,)], x, torch.zeros(1), 64, BLOCK=16))
+    assert races and races[0].startswith("programs (0, 0, 0) and (1, 0, 0) both store to "
+                                         "flag_ptr[0], different values"), races
+    _, races = violations(traced(_flag_then_count[(2,)], x, torch.zeros(1), BLOCK=16))
+    assert races and "both store to flag_ptr[0]" in races[0], races

@@ -91,13 +91,35 @@ class Tracer:
             return TensorHandle(active & inside, mask.dtype)
         return mask
 
-    def _note(self, kind: str, ptrs, active) -> None:
-        if self._current is None:
-            return
+    @staticmethod
+    def _program() -> int:
+        """The linear id of the program running now, x fastest."""
         from triton.runtime.interpreter import interpreter_builder as builder
 
         x, y, z = builder.grid_idx
         nx, ny, _ = builder.grid_dim
+        return x + nx * (y + ny * z)
+
+    def _note_write(self, ptrs, value, mask) -> None:
+        """Which addresses inside the tensor arguments a store (or, ``value`` None, an
+        atomic) wrote, and the bits it stored at each: two programs storing the same
+        value to one address do not race, two storing different values do."""
+        if self._current is None:
+            return
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)
+        active = np.ones(addresses.shape, dtype=bool) if mask is None else \
+            np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        written = active & self._inside(ptrs)
+        bits = None
+        if value is not None:
+            data = np.ascontiguousarray(np.broadcast_to(np.asarray(value.data),
+                                                        addresses.shape))
+            bits = data.view(f"u{data.dtype.itemsize}")[written].astype(np.uint64)
+        self._current.writes.append((self._program(), addresses[written], bits))
+
+    def _note(self, kind: str, ptrs, active) -> None:
+        if self._current is None:
+            return
         # Kept lanes are copied, to outlive the interpreter's arrays; a footprint is taken
         # at once, so it reads them in place.
         addresses = (np.array(ptrs.data, dtype=np.uint64, copy=True) if self.keep_lanes
@@ -110,7 +132,7 @@ class Tracer:
             if self.keep_lanes:
                 active_lanes = active_lanes.copy()
         size = ptrs.get_element_ty().primitive_bitwidth // 8
-        access = Access(kind, x + nx * (y + ny * z), addresses, active_lanes, size)
+        access = Access(kind, self._program(), addresses, active_lanes, size)
         if self.keep_lanes:
             self._current.accesses.append(access)
         else:
@@ -163,17 +185,20 @@ def _hooks() -> Iterator[None]:
     def store(ptrs, value, mask, *rest, **kw):
         tracer = _tracers[-1]
         tracer._note("store", ptrs, mask)
+        tracer._note_write(ptrs, value, mask)
         return originals["create_masked_store"](ptrs, value, tracer._contain(ptrs, mask),
                                                 *rest, **kw)
 
     def rmw(op, ptr, val, mask, *rest, **kw):
         tracer = _tracers[-1]
         tracer._note("atomic", ptr, mask)
+        tracer._note_write(ptr, None, mask)
         return originals["create_atomic_rmw"](op, ptr, val, tracer._contain(ptr, mask),
                                               *rest, **kw)
 
     def cas(ptr, cmp, val, *rest, **kw):
         _tracers[-1]._note("atomic", ptr, None)
+        _tracers[-1]._note_write(ptr, None, None)
         return originals["create_atomic_cas"](ptr, cmp, val, *rest, **kw)
 
     def dot(a, b, d, input_precision, *rest, **kw):

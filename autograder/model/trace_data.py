@@ -60,6 +60,10 @@ class Launch:
     # Each access reduced to what the traffic model needs (footprint.Footprint), in the order
     # made: filled as they happen when the lanes are not kept, else on first analysis.
     footprints: list = field(default_factory=list)
+    # For the race check, each store and atomic in the order made: (program, the addresses
+    # it wrote inside the tensor arguments, the bits stored at each as uint64, or None for
+    # an atomic, whose value depends on what was there).
+    writes: list[tuple[int, np.ndarray, np.ndarray | None]] = field(default_factory=list)
 
     @property
     def programs(self) -> int:

@@ -296,8 +296,7 @@ def violations(launch: Launch) -> tuple[list[str], list[str]]:
 
 def _violations(launch: Launch, prints: list[Footprint]) -> tuple[list[str], list[str]]:
     out_of_bounds = [_describe_oob(f, launch) for f in prints if f.outside is not None][:3]
-    stores = [(f.stored, f.program) for f in prints if f.stored is not None]
-    return out_of_bounds, _races(stores, launch)
+    return out_of_bounds, _races(launch, prints)
 
 
 def _program_index(p: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -323,18 +322,45 @@ def _describe_oob(f: Footprint, launch: Launch) -> str:
             f"({tensor.name} has {size} {elements}): a missing or wrong mask")
 
 
-def _races(stores: list[tuple[np.ndarray, int]], launch: Launch) -> list[str]:
-    """Addresses that two programs store to. Sorted by address, an address stored by two
-    programs has two neighbours from different programs."""
-    if not stores:
+def _writes(launch: Launch, prints: list[Footprint]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """Every plain store's (address, program, bits stored) and the addresses atomics
+    wrote. Bits are None where the trace holds no values (a launch traced by hand)."""
+    if launch.writes:
+        plain = [(a, p, b) for p, a, b in launch.writes if b is not None]
+        atomic = [a for _, a, b in launch.writes if b is None]
+        bits = np.concatenate([b for _, _, b in plain]) if plain else np.zeros(0, np.uint64)
+    else:
+        plain = [(f.stored, f.program, None) for f in prints if f.stored is not None]
+        atomic, bits = [], None
+    addresses = np.concatenate([a for a, _, _ in plain]) if plain else np.zeros(0, np.uint64)
+    programs = np.repeat(np.fromiter((p for _, p, _ in plain), np.int64, len(plain)),
+                         [a.size for a, _, _ in plain])
+    touched = np.concatenate(atomic) if atomic else np.zeros(0, np.uint64)
+    return addresses, programs, bits, touched
+
+
+def _races(launch: Launch, prints: list[Footprint]) -> list[str]:
+    """Addresses that two programs store to, unless every store there wrote the same bits
+    and no atomic touched it (a flag raised by whichever programs find something, say):
+    then the order the programs run in changes nothing. Sorted by address, an address
+    stored by two programs has two neighbours from different programs."""
+    addresses, programs, bits, atomic = _writes(launch, prints)
+    if not addresses.size:
         return []
-    addresses = np.concatenate([a for a, _ in stores])
-    programs = np.repeat(np.fromiter((p for _, p in stores), np.int32, len(stores)),
-                         [a.size for a, _ in stores])
     order = np.argsort(addresses, kind="stable")
     addresses, programs = addresses[order], programs[order]
     clash = (addresses[1:] == addresses[:-1]) & (programs[1:] != programs[:-1])
     shared = sorted_distinct(addresses[1:][clash])
+    differ = np.ones(shared.size, dtype=bool)
+    if bits is not None and shared.size:
+        bits = np.append(bits[order], np.uint64(0))  # a sentinel: reduceat's last index
+        first = np.searchsorted(addresses, shared, side="left")
+        last = np.searchsorted(addresses, shared, side="right")
+        runs = np.stack([first, last], axis=1).ravel()  # each address's stores, alone
+        same = np.minimum.reduceat(bits, runs)[::2] == np.maximum.reduceat(bits, runs)[::2]
+        differ = ~same | np.isin(shared, atomic)
+    shared = shared[differ]
     messages = []
     for addr in shared[:3].tolist():
         who = sorted(set(programs[addresses == addr].tolist()))
@@ -343,10 +369,12 @@ def _races(stores: list[tuple[np.ndarray, int]], launch: Launch) -> list[str]:
         where = (f"{tensor.name}[{(addr - tensor.base) // tensor.element_size}]" if tensor
                  else hex(addr))
         first, second = (_program_index(p, launch.grid) for p in who[:2])
-        messages.append(f"programs {first} and {second} both store to {where}, and each "
-                        "element must be written by one program: the store offsets of at "
-                        "least one are wrong (rows and columns the wrong way round? blocks "
-                        "that overlap?)")
+        values = ", different values," if bits is not None else ""
+        messages.append(f"programs {first} and {second} both store to {where}{values} and "
+                        "each element must be written by one program (or by several with "
+                        "one value): the store offsets of at least one are wrong (rows and "
+                        "columns the wrong way round? blocks that overlap?), or the value "
+                        "needs an atomic")
     if len(shared) > 3:
         messages.append(f"... {len(shared)} addresses in all")
     return messages
