@@ -26,6 +26,8 @@ NEG_INF = "a -inf in the middle"
 EVERYWHERE = "overflow everywhere: infs and NaNs in every block"
 SMALL_GRADS = "tiny gradients: eps decides the step"
 ADAMW_TRAFFIC = "several blocks, traced for traffic"
+FEWER = "fewer than a block"
+NO_DECAY = "a scale that is not a power of two, no weight decay"
 
 
 @dataclass
@@ -63,9 +65,10 @@ def _adamw_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tup
         "grad": (randn(grad_size) * scale).to(case.dtype),
         "exp_avg": randn(grad_size / 10),
         "exp_avg_sq": randn(grad_size).square() * 0.5,
-        "param_bf16": weights.to(BF16),
         "scale": torch.tensor([scale], device=device),
     }
+    _put_ties(values, gen)
+    values["param_bf16"] = weights.to(BF16)
     grad = values["grad"]
     if case.note == INF_LAST:
         grad[-1] = float("inf")
@@ -83,6 +86,24 @@ def _adamw_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tup
     guarded = {name: guard.copy(values[name], name) for name in _ORDER}
     initial = {name: values[name].clone() for name in _ORDER}
     return (AdamWState(guarded, initial, sizes.get("step", 1), hyper),)
+
+
+def _put_ties(values: dict[str, torch.Tensor], gen: torch.Generator) -> None:
+    """Make one weight in 16 (at least four) a bf16 tie: an fp32 number exactly halfway
+    between two bf16 numbers, half of them with an even lower neighbour (round to nearest
+    even goes down, away from zero goes up) and half with an odd one. Their gradient and
+    moments are 0 (a row of an embedding no token used), so where the weight decay is 0
+    the step leaves them exactly as they are, however it is computed: the bf16 copy of
+    the new weights then holds ties on every seed."""
+    weights = values["param"]
+    n = weights.numel()
+    count = min(n, max(4, n // 16))
+    where = torch.randperm(n, generator=gen, device=weights.device)[:count]
+    upper = (weights[where].to(BF16).view(torch.int16).to(torch.int32) & 0xFFFF) & ~1
+    upper[1::2] |= 1  # odd lower neighbours too: a tie that truncation rounds wrongly
+    weights[where] = (upper << 16 | 0x8000).view(torch.float32)
+    for name in ("grad", "exp_avg", "exp_avg_sq"):
+        values[name][where] = 0
 
 
 def _run_adamw(candidate: Callable, inputs: tuple) -> tuple:
@@ -191,11 +212,17 @@ def compare_adamw(output: object, reference: dict) -> str:
         wrong = copy_bits != _rne_bf16(param).view(torch.int16)
         head = (f"param_bf16: {int(wrong.sum())} of {param.numel()} values are not the new "
                 "fp32 weight rounded to nearest even")
-        truncated = (param.float().view(torch.int32) >> 16).to(torch.int16)
+        bits = param.float().view(torch.int32)
+        truncated = (bits >> 16).to(torch.int16)
         if torch.equal(copy_bits[wrong], truncated[wrong]):
             return head + (": they are truncated (a store of fp32 into bf16 truncates in "
                            "Triton's interpreter). Round on the bits, as in bf16_bits, and "
                            "store the 16 bits")
+        if bool(((bits[wrong] & 0xFFFF) == 0x8000).all()) and torch.equal(
+                copy_bits[wrong], (truncated[wrong] + 1).to(torch.int16)):
+            return head + (": each is a tie, exactly halfway between two bf16 numbers, "
+                           "rounded away from zero; a tie goes to the neighbour whose last "
+                           "bit is 0 (add 0x7FFF plus the lowest bit that stays)")
         if torch.equal(param_bf16, start["param_bf16"]):
             return head + ": it still holds the old weights; write the copy of the new ones"
         return head
@@ -337,14 +364,13 @@ register(Problem(
         Case({"n": 5000}, F16, note="the first step: bias corrections at their largest"),
         Case({"n": 3001, "step": 1000, "lr": 3e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6,
               "weight_decay": 0.1, "scale": 1.0}, F32, note="step 1000, other betas"),
-        Case({"n": 4000, "step": 10, "scale": 3.0, "weight_decay": 0.0}, F16,
-             note="a scale that is not a power of two, no weight decay"),
+        Case({"n": 4000, "step": 10, "scale": 3.0, "weight_decay": 0.0}, F16, note=NO_DECAY),
         Case({"n": 2000, "step": 3, "eps": 1e-6, "scale": 1.0}, F32, note=SMALL_GRADS),
         Case({"n": 20000, "step": 5}, F16, note=INF_LAST),
         Case({"n": 3000, "step": 2}, F16, note=NAN_FIRST),
         Case({"n": 9000, "step": 7, "scale": 1.0}, F32, note=NEG_INF),
         Case({"n": 4 * 8192, "step": 3}, F16, note=EVERYWHERE),
-        Case({"n": 100, "step": 4}, F16, note="fewer than a block"),
+        Case({"n": 100, "step": 4, "weight_decay": 0.0}, F16, note=FEWER),
         Case({"n": 3 * 8192 + 5, "step": 2}, F16, note=ADAMW_TRAFFIC),
         Case({"n": 3000, "step": 2, "scale": 1.0}, BF16),
     ],
@@ -354,13 +380,13 @@ register(Problem(
               "eps": 1e-6, "weight_decay": 0.1, "scale": 1.0}, F32,
              note="step 1000, other betas"),
         Case({"n": 400_000, "step": 10, "scale": 3.0, "weight_decay": 0.0}, F16,
-             note="a scale that is not a power of two, no weight decay"),
+             note=NO_DECAY),
         Case({"n": 200_000, "step": 3, "eps": 1e-6, "scale": 1.0}, F32, note=SMALL_GRADS),
         Case({"n": 1 << 22, "step": 5}, F16, note=INF_LAST),
         Case({"n": 300_000, "step": 2}, F16, note=NAN_FIRST),
         Case({"n": 900_000, "step": 7, "scale": 1.0}, F32, note=NEG_INF),
         Case({"n": 1 << 20, "step": 3}, F16, note=EVERYWHERE),
-        Case({"n": 100, "step": 4}, F16, note="fewer than a block"),
+        Case({"n": 100, "step": 4, "weight_decay": 0.0}, F16, note=FEWER),
         Case({"n": 1_000_000, "step": 2, "scale": 1.0}, BF16),
         Case({"n": 1 << 26, "step": 100}, F16, note="timed", timed=True),
     ],
@@ -371,8 +397,9 @@ register(Problem(
     levels=Levels(passing=0.4, good=0.7, excellent=0.8),
     baseline=_torch_adamw, baseline_name="grad.float() + unscale_ + AdamW(fused=True) + copy",
     at_least_vs_baseline=1.0,
-    hints=("Two launches. The check reads the gradient and raises found_inf (an atomic: "
-           "several programs may find one). The step reads found_inf first and does nothing "
+    hints=("Two launches. The check reads the gradient and raises found_inf to 1.0 (several "
+           "programs may find one: each stores the same 1.0, or takes an atomic max; none "
+           "lowers it). The step reads found_inf first and does nothing "
            "if it is set; otherwise it unscales, updates m and v, the weight, and writes the "
            "bf16 copy, each loaded once and stored once.",
            "g = grad * (1 / scale); m = beta1 * m + (1 - beta1) * g; v = beta2 * v + "

@@ -44,8 +44,8 @@ class _OpWatch(TorchDispatchMode):
 
 def _scaler_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
     """Gradients for every step (steps × 2 parameters × 3 elements, fp32, before scaling),
-    with infs and NaNs on some steps, and the scaler's constructor arguments (None: leave
-    them at their defaults)."""
+    with infs and NaNs on some steps, the weights each step starts from, and the scaler's
+    constructor arguments (None: leave them at their defaults)."""
     sizes = case.sizes
     steps = sizes["steps"]
     grads = torch.randn((steps, 2, 3), generator=gen, device=device)
@@ -63,9 +63,13 @@ def _scaler_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tu
     flat = grads.view(steps, 6)
     rows = torch.arange(steps, device=device)
     flat[rows[bad], where[bad]] = kind[bad]
+    # Weights of about 1, and 3 to 6 away from 0: the decay's share of a step, about a
+    # third, is never lost in the rounding of the gradient's.
+    sign = torch.where(torch.rand((2, 3), generator=gen, device=device) < 0.5, -1.0, 1.0)
+    start = sign * (3.0 + 3.0 * torch.rand((2, 3), generator=gen, device=device))
     arguments = tuple(sizes.get(name) for name in ("init_scale", "growth_factor",
                                                    "backoff_factor", "growth_interval"))
-    return (grads, *arguments)
+    return (grads, start, *arguments)
 
 
 def _scaler_kwargs(init_scale, growth_factor, backoff_factor, growth_interval) -> dict:
@@ -74,20 +78,64 @@ def _scaler_kwargs(init_scale, growth_factor, backoff_factor, growth_interval) -
     return {key: value for key, value in given.items() if value is not None}
 
 
-def _drive(scaler: object, grads: torch.Tensor, tracker: Callable[[object], int | None],
-           watch: TorchDispatchMode | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the scripted steps through ``scaler``: each step, the gradients of a loss of 1
-    scaled by the scaler (the script times the scale), then step an SGD of rate 1 and
-    update. Per step: (scale before, scaled loss, scale after, growth tracker after) and
-    the weights after the step. ``watch`` looks at the ops of the first 100 steps."""
+# The optimizer the scaler steps: SGD of rate 1 with weight decay. Without the decay, a
+# learning rate divided by the scale would take the same step as gradients unscaled.
+LR, WEIGHT_DECAY = 1.0, 0.1
+
+
+class _WatchedSGD(torch.optim.SGD):
+    """SGD that notes, at each step, the gradients it steps with (what the scaler left in
+    ``.grad``), its learning rate and its weight decay."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        super().__init__(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.seen: list[list[float]] = []
+        # A hook, not an override of step: torch wraps an optimizer class's step, and a
+        # method of an object handed to the candidate is one it may call.
+        self.register_step_pre_hook(self._note)
+
+    def _note(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        # Copies only: made into numbers after the last step (this runs in every step).
+        with paused():
+            group = self.param_groups[0]
+            self.seen.append(([p.grad.detach().clone() if p.grad is not None else None
+                               for p in group["params"]], group["lr"], group["weight_decay"]))
+
+    def stepped_with(self, first: int, last: int) -> list[float]:
+        """What the last step among steps ``first`` to ``last`` (not included) stepped
+        with: the six gradients, lr and weight decay, and the count of steps; NaN but the
+        count if there was none."""
+        if last == first:
+            return [float("nan")] * (SEEN - 1) + [0.0]
+        grads, rate, decay = self.seen[last - 1]
+        values = [torch.full((3,), float("nan")) if g is None else g.float().reshape(-1).cpu()
+                  for g in grads]
+        return [*torch.cat(values).double().tolist(), float(rate), float(decay),
+                float(last - first)]
+
+
+SEEN = 6 + 2 + 1  # per step: the gradients stepped with, lr, weight decay; the steps taken
+
+
+def _drive(scaler: object, grads: torch.Tensor, start: torch.Tensor,
+           tracker: Callable[[object], int | None], watch: TorchDispatchMode | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the scripted steps through ``scaler``: each step, the weights back at ``start``
+    and the gradients of a loss of 1 scaled by the scaler (the script times the scale),
+    then step the watched SGD and update. Per step: (scale before, scaled loss, scale
+    after, growth tracker after), the weights after the step, and what the optimizer
+    stepped with (``stepped_with``). ``watch`` looks at the ops of the first 100 steps."""
     device = grads.device
     with paused():
         weights = [torch.zeros(3, device=device, requires_grad=True) for _ in range(2)]
-        sgd = torch.optim.SGD(weights, lr=1.0)
+        sgd = _WatchedSGD(weights)
         loss = torch.ones((), device=device)
-        script = grads.float()
-    states, after = [], []
+        script, begin = grads.float(), start.float()
+    states, after, taken = [], [], [0]
     for step in range(grads.shape[0]):
+        with paused(), torch.no_grad():
+            for weight, value in zip(weights, begin, strict=True):
+                weight.copy_(value)
         with watch if watch is not None and step < 100 else contextlib.nullcontext():
             before = float(scaler.get_scale())
             scaled = scaler.scale(loss)
@@ -102,74 +150,141 @@ def _drive(scaler: object, grads: torch.Tensor, tracker: Callable[[object], int 
             states.append((before, scaled_value, float(scaler.get_scale()),
                            float("nan") if count is None else float(count)))
             after.append(torch.cat([w.detach().reshape(-1) for w in weights]))
+            taken.append(len(sgd.seen))
     with paused():
+        seen = [sgd.stepped_with(first, last)
+                for first, last in zip(taken, taken[1:], strict=False)]
         return (torch.tensor(states, dtype=torch.float64),
-                torch.stack(after).float().cpu())
+                torch.stack(after).float().cpu(), torch.tensor(seen, dtype=torch.float64))
 
 
 def _run_scaler(candidate: Callable, inputs: tuple) -> tuple:
-    grads, *arguments = inputs
+    grads, start, *arguments = inputs
     watch = _OpWatch()
     with one_cpu_thread():
         with watch:
             scaler = candidate(**_scaler_kwargs(*arguments))
-        states, after = _drive(scaler, grads, lambda s: getattr(s, "growth_tracker", None),
-                               watch)
-    return states, after, ", ".join(sorted(watch.seen))
+        states, after, seen = _drive(scaler, grads, start,
+                                     lambda s: getattr(s, "growth_tracker", None), watch)
+    return states, after, seen, ", ".join(sorted(watch.seen))
 
 
-def _scaler_reference(grads: torch.Tensor, *arguments) -> tuple:
+def _scaler_reference(grads: torch.Tensor, start: torch.Tensor, *arguments) -> tuple:
     gradscaler = torch.amp.GradScaler(grads.device.type, **_scaler_kwargs(*arguments))
     with one_cpu_thread():
-        states, after = _drive(gradscaler, grads.float(), lambda s: s._get_growth_tracker())
-    return states, after, grads, _scaler_kwargs(*arguments)
+        states, after, seen = _drive(gradscaler, grads.float(), start.float(),
+                                     lambda s: s._get_growth_tracker())
+    return states, after, seen, start.float().cpu().reshape(-1), _scaler_kwargs(*arguments)
+
+
+def _ulps(x: torch.Tensor) -> torch.Tensor:
+    """fp32's spacing at |x| (its smallest normal spacing near 0), in float64."""
+    x = x.double().abs().clamp_min(2.0**-126)
+    return torch.exp2(torch.floor(torch.log2(x)) - 23)
+
+
+# How far an unscaled gradient may be from GradScaler's: it multiplies by the fp32
+# reciprocal of the scale, two roundings; a division by the scale is one rounding, and
+# the two differ by an ulp or two where the scale is not a power of two.
+ULPS = 4
 
 
 def compare_scaler(output: object, reference: tuple) -> str:
-    want, want_after, grads, kwargs = reference
-    if not (isinstance(output, (tuple, list)) and len(output) == 3):
+    want, want_after, want_seen, start, kwargs = reference
+    if not (isinstance(output, (tuple, list)) and len(output) == 4):
         return "the scaler could not be driven through the scripted steps"
-    got, got_after, library = output
+    got, got_after, got_seen, library = output
     if library:
         return (f"calls the library (aten.{library}): that is GradScaler's own work; the "
                 "exercise is to write it")
-    steps = want.shape[0]
-    bad = (~torch.isfinite(grads.reshape(steps, -1))).any(dim=1).cpu()
     settings = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5,
                 "growth_interval": 2000, **kwargs}
-    for step in range(steps):
+    suspect = _suspect_steps(got, got_after, got_seen, want, want_after, want_seen, start)
+    for step in suspect.nonzero().flatten().tolist():  # the others pass every test below
         g, w = got[step], want[step]
-        what = f"step {step} ({'an inf or NaN gradient' if bad[step] else 'finite gradients'})"
+        stepped = bool(want_seen[step, -1] > 0)  # GradScaler stepped: all were finite
+        what = f"step {step} ({'finite gradients' if stepped else 'an inf or NaN gradient'})"
         if step == 0 and g[0] != w[0]:
             return (f"the initial scale is {g[0].item():g}, expected {w[0].item():g} (the "
                     "init_scale given, or 2**16 by default)")
         if g[1] != w[1]:
             return (f"{what}: scale(loss) of a loss of 1 gave {g[1].item():g}, expected "
                     f"{w[1].item():g}: the loss times the current scale")
-        moved = not torch.equal(got_after[step], got_after[step - 1] if step else
-                                torch.zeros_like(got_after[step]))
-        if bad[step] and moved:
-            return (f"{what}: the weights moved. A step whose gradients hold an inf or a NaN "
-                    "must be skipped: torch.isfinite finds both (a test against inf alone "
-                    "misses NaN)")
-        if not bad[step] and not moved:
-            return f"{what}: the step was skipped, but every gradient was finite"
-        if not bad[step] and not torch.allclose(got_after[step], want_after[step],
-                                                rtol=1e-6, atol=1e-30):
-            delta_got = got_after[step] - (got_after[step - 1] if step else 0)
-            delta_want = want_after[step] - (want_after[step - 1] if step else 0)
-            ratio = float(delta_got.norm() / delta_want.norm().clamp_min(1e-30))
-            if abs(ratio / w[0].item() - 1) < 1e-3:
-                return (f"{what}: the weights moved {ratio:g} times as far as expected, the "
-                        "scale: the optimizer stepped with the scaled gradients. Multiply "
-                        "every gradient by 1 / scale before the step")
-            return (f"{what}: the weights after the step differ from GradScaler's (moved "
-                    f"{ratio:.6g}× as far): the gradients must be multiplied by 1 / scale, "
-                    "the reciprocal computed in float64 and rounded to fp32")
+        wrong = _step_cause(got_after[step], got_seen[step], want_after[step],
+                            want_seen[step], start, g[0].item())
+        if wrong:
+            return f"{what}: {wrong}"
         if g[2] != w[2] or (not math.isnan(g[3].item()) and g[3] != w[3]):
-            return f"{what}: {_scale_cause(g, w, bool(bad[step]), settings)}"
-        if math.isnan(g[3].item()) and step == steps - 1:
+            return f"{what}: {_scale_cause(g, w, not stepped, settings)}"
+        if math.isnan(g[3].item()) and step == want.shape[0] - 1:
             return "the scaler has no growth_tracker attribute: the count of good steps"
+    return ""
+
+
+def _suspect_steps(got: torch.Tensor, got_after: torch.Tensor, got_seen: torch.Tensor,
+                   want: torch.Tensor, want_after: torch.Tensor, want_seen: torch.Tensor,
+                   start: torch.Tensor) -> torch.Tensor:
+    """The steps where one of compare_scaler's tests may fail, all at once (a step by
+    step look at 2 000 steps takes a second)."""
+    stepped = want_seen[:, -1] > 0
+    moved = (got_after != start).any(dim=1)
+    grads, want_grads = got_seen[:, :6], want_seen[:, :6]
+    near = ((grads - want_grads).abs() <= ULPS * _ulps(want_grads)).all(dim=1)
+    settings = (got_seen[:, 6:8] == want_seen[:, 6:8]).all(dim=1)
+    room = ULPS * (_ulps(want_after) + _ulps(start) + _ulps(want_grads.float()))
+    weights = ((got_after.double() - want_after.double()).abs() <= room).all(dim=1)
+    step_ok = torch.where(stepped, (got_seen[:, -1] == 1) & near & settings & weights, ~moved)
+    tracker = got[:, 3].isnan() | (got[:, 3] == want[:, 3])
+    suspect = ~step_ok | (got[:, 1] != want[:, 1]) | (got[:, 2] != want[:, 2]) | ~tracker
+    suspect[0] |= bool(got[0, 0] != want[0, 0])
+    suspect[-1] |= bool(got[-1, 3].isnan())
+    return suspect
+
+
+def _step_cause(got_after: torch.Tensor, got_seen: torch.Tensor, want_after: torch.Tensor,
+                want_seen: torch.Tensor, start: torch.Tensor, scale: float) -> str:
+    """What is wrong with one step's optimizer step, from the weights after it and what
+    the optimizer stepped with, or "". The gradients and weights may be a few fp32
+    roundings from GradScaler's: dividing by the scale is as right as multiplying by its
+    reciprocal."""
+    moved = not torch.equal(got_after, start)
+    if want_seen[-1] == 0:
+        if moved:
+            return ("the weights moved. A step whose gradients hold an inf or a NaN must be "
+                    "skipped: torch.isfinite finds both (a test against inf alone misses NaN)")
+        return ""
+    if got_seen[-1] == 0:
+        return ("the step was skipped, but every gradient was finite" if not moved else
+                "the weights moved, but not through optimizer.step()")
+    if got_seen[-1] > 1:
+        return f"the optimizer stepped {int(got_seen[-1])} times: once a step"
+    grads, want_grads = got_seen[:6], want_seen[:6]
+    if not bool(((grads - want_grads).abs() <= ULPS * _ulps(want_grads)).all()):
+        ratio = float(grads.norm() / want_grads.norm().clamp_min(1e-300))
+        rate = got_seen[6].item()
+        if abs(ratio / scale - 1) < 1e-3 and abs(rate * scale / LR - 1) < 1e-3:
+            return (f"the optimizer stepped with gradients {ratio:g} times too large, the "
+                    "scale, and a learning rate divided by the scale: this scaled the "
+                    "learning rate instead of unscaling the gradients. Only plain SGD takes "
+                    "the same step that way; weight decay (here), momentum, Adam's "
+                    "normalisation and clipping see the gradients themselves. Multiply "
+                    "every gradient by 1 / scale before the step")
+        if abs(ratio / scale - 1) < 1e-3:
+            return (f"the optimizer stepped with the scaled gradients, the gradients "
+                    f"{ratio:g} times too large (the scale): the optimizer stepped with "
+                    "gradients that were not unscaled. Multiply every gradient by 1 / scale "
+                    "before the step")
+        return (f"the optimizer stepped with gradients {ratio:.6g} times GradScaler's "
+                "(more than a few fp32 roundings away): multiply every gradient by 1 / scale")
+    if got_seen[6] != want_seen[6] or got_seen[7] != want_seen[7]:
+        return (f"the optimizer stepped with lr={got_seen[6].item():g} and weight_decay="
+                f"{got_seen[7].item():g}, not its own {want_seen[6].item():g} and "
+                f"{want_seen[7].item():g}: the scaler unscales the gradients and leaves the "
+                "optimizer's settings alone")
+    near = ULPS * (_ulps(want_after) + _ulps(start) + _ulps(want_grads.float()))
+    if not bool(((got_after.double() - want_after.double()).abs() <= near).all()):
+        return ("the weights after the step differ from GradScaler's by more than a few fp32 "
+                "roundings, though the optimizer stepped with the same gradients")
     return ""
 
 
