@@ -3,6 +3,8 @@ tensor-core roof of the dtype."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..problem import (
@@ -44,31 +46,99 @@ def _cost(case: Case) -> Cost:
 # --- how the answer was computed (from the interpreter's trace) ---------------------------
 
 ORDER_CASE = "traced for the order of its programs"
+# The card the order is graded on: the programs of a wave share what they read through L2,
+# and a wave is as many programs as the card has SMs. A toy card of 16 SMs (one program
+# each): an H100's 132 would need a case of thousands of tiles for the order to show, too
+# many for the interpreter; on 16, a group of 2 to 8 rows (or columns) of tiles reads
+# about half the panels row-major order does.
+ORDER_WAVE = 16
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What the waves of an order read, on average: distinct row panels of A (one per
+    row of tiles) and column panels of B, and their size in elements of K (a panel of A
+    is ``height`` rows, one of B ``width`` columns)."""
+
+    rows: float
+    cols: float
+    height: float
+    width: float
+
+    @property
+    def elements(self) -> float:
+        return self.rows * self.height + self.cols * self.width
+
+    def __str__(self) -> str:
+        return f"{self.rows:.1f} panels of A and {self.cols:.1f} of B"
+
+
+def wave_reuse(tiles: list[tuple[int, int]], height: float, width: float,
+               wave: int = ORDER_WAVE) -> Reuse:
+    """The panels each wave of ``wave`` programs reads, on average over the waves, for
+    programs that take ``tiles`` in launch order."""
+    rows = cols = 0
+    waves = range(0, len(tiles), wave)
+    for first in waves:
+        taken = tiles[first:first + wave]
+        rows += len({m for m, _ in taken})
+        cols += len({n for _, n in taken})
+    return Reuse(rows / len(waves), cols / len(waves), height, width)
+
+
+def _grouped(tiles_m: int, tiles_n: int, group: int, along_n: bool) -> list[tuple[int, int]]:
+    """Grouped order: ``group`` rows of tiles walked down before moving right, or (along
+    N) ``group`` columns walked across before moving down."""
+    if along_n:
+        return [traced.grouped_order(p, tiles_n, tiles_m, group)[::-1]
+                for p in range(tiles_m * tiles_n)]
+    return [traced.grouped_order(p, tiles_m, tiles_n, group) for p in range(tiles_m * tiles_n)]
+
+
+def _best_grouped(tiles_m: int, tiles_n: int, height: float, width: float
+                  ) -> tuple[Reuse, str]:
+    """The grouped order, along M or along N, whose waves read the fewest elements."""
+    options = [(wave_reuse(_grouped(tiles_m, tiles_n, g, False), height, width),
+                f"GROUP_M = {g}") for g in range(2, tiles_m + 1)]
+    options += [(wave_reuse(_grouped(tiles_m, tiles_n, g, True), height, width),
+                 f"groups of {g} columns") for g in range(2, tiles_n + 1)]
+    return min(options, key=lambda option: option[0].elements)
 
 
 def grouped_program_order(case: Case, inputs: tuple, launches: list, output: object) -> str:
-    """matmul/grouped: programs take their tiles in grouped order, whatever the tile size:
-    read from which tile of C each program stored, in launch order."""
+    """matmul/grouped: the programs of a wave share panels of A and B, as grouped order
+    makes them: graded on the panels each wave of ORDER_WAVE programs reads (read from
+    which tile of C each program stored, in launch order), against row-major order and
+    the best grouped order on the same tiles. Any order that saves at least half of what
+    grouping can save passes: Triton's GROUP_SIZE_M, ``tl.swizzle2d``, groups along N."""
     launch = next((launch for launch in reversed(launches)
                    if traced.bytes_moved([launch], output, "store")), None)
     if launch is None or case.note != ORDER_CASE:
         return ""
     tiles = traced.tiles_in_launch_order(launch, output)
     tiles_m, tiles_n = 1 + max(m for m, _ in tiles), 1 + max(n for _, n in tiles)
-    group = traced.group_of(tiles)
-    if group is not None and 1 < group < tiles_m:
+    height, width = output.shape[0] / tiles_m, output.shape[1] / tiles_n
+    got = wave_reuse(tiles, height, width)
+    row_major = wave_reuse(_grouped(tiles_m, tiles_n, 1, False), height, width)
+    best, how = _best_grouped(tiles_m, tiles_n, height, width)
+    if got.elements <= best.elements + (row_major.elements - best.elements) / 2:
         return ""
     where = f"({tiles_m} × {tiles_n} tiles of C at {case.label})"
+    reads = (f"A wave of {ORDER_WAVE} programs (the check's card has {ORDER_WAVE} SMs) reads "
+             f"{got} on average; row-major order reads {row_major}, {how} {best}")
+    group = traced.group_of(tiles)
     if group == 1:
         return (f"the programs take their tiles in row-major order {where}: program 1 computes "
-                "the tile right of program 0's. Grouped order walks GROUP_M rows of tiles "
-                "down a column before moving right, so that programs running at once share "
-                "rows of A and columns of B")
+                f"the tile right of program 0's. {reads}. Grouped order walks GROUP_M rows of "
+                "tiles down a column before moving right, so that programs running at once "
+                "share rows of A and columns of B")
     if group == tiles_m:
         return (f"the programs walk down whole columns of tiles {where}: one group as tall as "
-                "C; make groups of GROUP_M rows of tiles, fewer than the rows of tiles")
-    return (f"the programs take their tiles in neither row-major nor grouped order {where}: "
-            f"program 1 computes tile {tiles[1]}, program 2 tile {tiles[2]}")
+                f"C. {reads}. Make groups of GROUP_M rows of tiles, fewer than the rows of "
+                "tiles, so that a wave covers a block of tiles about as wide as it is tall")
+    return (f"the programs of a wave share few rows of A and columns of B {where}: program 1 "
+            f"computes tile {tiles[1]}, program 2 tile {tiles[2]}. {reads}. Number the tiles "
+            "so that the programs of a wave cover a block about as wide as it is tall")
 
 
 def written_once(case: Case, inputs: tuple, launches: list, output: object) -> str:
@@ -177,9 +247,9 @@ _matmul_problem(
         Case({"m": 70, "n": 33, "k": 47}, torch.float32, note="ragged tiles"),
         # 5 rows of tiles in groups of 4: the last group has one row; 3 columns of tiles.
         Case({"m": 300, "n": 130, "k": 64}, torch.float32, note="a short last group"),
-        # At least 16 rows of tiles (BLOCK_M up to 256) and 2 columns (BLOCK_N up to 256):
-        # enough for the order of the programs to show, with groups of 8 or fewer.
-        Case({"m": 4096, "n": 384, "k": 32}, torch.float16, note=ORDER_CASE),
+        # 16 × 24 tiles of 64 × 64 (8 × 12 of 128 × 128): waves of 16 programs in
+        # row-major order read about twice the panels grouped orders do.
+        Case({"m": 1024, "n": 1536, "k": 32}, torch.float16, note=ORDER_CASE),
     ],
     gpu_cases=[
         Case({"m": 2048, "n": 1536, "k": 1000}, torch.float16, transposed=("b",)),
@@ -189,8 +259,8 @@ _matmul_problem(
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
     ],
     levels=Levels(passing=0.3, good=0.5, excellent=0.7),
-    # Graded on the order itself, which tile each program takes (on a CPU, from the
-    # trace): the traffic it saves depends on the tile size and the L2, the order does not.
+    # Graded on what the order saves, the panels of A and B a wave of programs shares
+    # (on a CPU, from the trace): not on one formula of the order.
     trace_check=grouped_program_order,
     tf32_on_gpu=True,
     hints=("Programs that run at the same time should share rows of A and columns of B: "
