@@ -61,6 +61,28 @@ def test_what_is_not_one_number_fails_and_says_so(problem_id, bad):
     assert not result.passed and "not a number" in result.message()
 
 
+def _lookup_table(problem_id, answer):
+    """The answers to the problem's named cases, by their arguments: no formula at all."""
+    from rooflab.autograder import get_problem
+
+    named = [tuple(case.sizes.values()) for case in get_problem(problem_id).cpu_cases
+             if case.sizes]
+    table = {sizes: answer(*sizes) for sizes in named}
+    return lambda *sizes: table.get(tuple(sizes), table[named[0]])
+
+
+@pytest.mark.parametrize("problem_id", [*COSTS, "roofline/time_floor"])
+def test_a_table_of_the_named_cases_fails_and_the_formula_passes_for_every_seed(problem_id):
+    answer = COSTS.get(problem_id, floor)
+    table = _lookup_table(problem_id, answer)
+    for seed in range(20):
+        cheat = grade(problem_id, table, seed=seed)
+        assert not cheat.passed, seed
+        assert "for " in cheat.causes[0] and "expected" in cheat.causes[0], cheat.causes
+        right = grade(problem_id, answer, seed=seed)
+        assert right.passed, (seed, right.message())
+
+
 def test_time_floor_takes_numpy_and_tensors_and_rejects_nan():
     assert grade("roofline/time_floor", floor).passed
     as_tensor = grade("roofline/time_floor", lambda *a: (torch.tensor(floor(*a)[0]),

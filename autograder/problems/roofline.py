@@ -52,9 +52,44 @@ def _show(x: float) -> str:
 
 # --- counting ---------------------------------------------------------------------------
 
+# The note of a case whose sizes are drawn from the check's seed: a table of the answers to
+# the named cases cannot answer it, only the formula can.
+DRAWN = "sizes drawn from the seed"
 
-def _sizes(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
-    return tuple(case.sizes.values())
+
+class Expected(tuple):
+    """A reference answer, and the arguments it was computed for (for the message: a
+    drawn case's sizes are not in its label)."""
+
+    given: str = ""
+
+
+def _expected(values: tuple, names: tuple[str, ...], args: tuple, cases: list[Case]
+              ) -> Expected:
+    """The answer, naming its arguments unless they are a named case's (whose label
+    already shows them)."""
+    answer = Expected(values)
+    if all(tuple(args) != tuple(case.sizes.values()) for case in cases):
+        answer.given = ", ".join(f"{name}={_show(float(a))}"
+                                 for name, a in zip(names, args, strict=True))
+    return answer
+
+
+def _draw(choices: range | tuple, gen: torch.Generator, device: torch.device) -> float:
+    """One value of ``choices``: uniform over a range of integers, or one of a tuple."""
+    pick = int(torch.randint(len(choices), (1,), generator=gen, device=device))
+    return choices[pick]
+
+
+def _sizes_or_draw(draws: dict[str, range | tuple]):
+    """make_inputs: a named case's own sizes, or for a DRAWN case one value of each
+    argument drawn from ``draws`` (in the signature's order)."""
+    def make(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+        if case.note != DRAWN:
+            return tuple(case.sizes.values())
+        return tuple(_draw(choices, gen, device) for choices in draws.values())
+
+    return make
 
 
 def _same_numbers(names: tuple[str, ...]):
@@ -68,7 +103,8 @@ def _same_numbers(names: tuple[str, ...]):
                 wrong.append(problem)
             elif abs(value - w) > RTOL * max(abs(w), 1):
                 wrong.append(f"{name}: got {_show(value)}, expected {_show(w)}")
-        return "; ".join(wrong)
+        given = getattr(want, "given", "")
+        return f"for {given}: " + "; ".join(wrong) if wrong and given else "; ".join(wrong)
 
     return compare
 
@@ -77,22 +113,33 @@ def _free(case: Case) -> Cost:
     return Cost(flops=0, bytes=0)
 
 
-def _counting(id: str, title: str, signature: str, reference, cases: list[Case],
-              hints: tuple[str, ...]) -> None:
+def _counting(id: str, title: str, signature: str, formula, cases: list[Case],
+              draws: dict[str, range | tuple], hints: tuple[str, ...]) -> None:
+    """A counting exercise: its named cases, and one whose sizes are drawn from ``draws``
+    on every check."""
     name = id.split("/")[1]  # the lab's function, as kernels/roofline.py answers it
+    names = tuple(draws)
+
+    def reference(*args) -> Expected:
+        return _expected(formula(*(int(a) for a in args)), names, args, cases)
+
+    cases = [*cases, Case({}, None, note=DRAWN)]
     register(Problem(
-        id=id, title=title, signature=signature, make_inputs=_sizes, reference=reference,
-        cost=_free, cpu_cases=cases, gpu_cases=cases, kernel=None, timed=False,
-        compare=_same_numbers(("flops", "bytes")), hints=hints,
+        id=id, title=title, signature=signature, make_inputs=_sizes_or_draw(draws),
+        reference=reference, cost=_free, cpu_cases=cases, gpu_cases=cases, kernel=None,
+        timed=False, compare=_same_numbers(("flops", "bytes")), hints=hints,
         solution=f"rooflab.kernels.roofline:{name}", answer_in=(name,),
     ))
 
+
+BYTES = (1, 2, 4, 8)  # fp8 to fp64
 
 _counting(
     "roofline/cost_vector_add", "FLOPs and compulsory bytes of a vector add",
     "(n: int, dtype_bytes: int) -> (flops, bytes)",
     lambda n, b: (n, 3 * n * b),
     [Case({"n": 1000, "dtype_bytes": 4}, None), Case({"n": 1 << 20, "dtype_bytes": 2}, None)],
+    {"n": range(1, 1 << 30), "dtype_bytes": BYTES},
     ("Each output element costs one addition.",
      "Compulsory bytes: every input element read once, every output element written once."),
 )
@@ -103,6 +150,7 @@ _counting(
     lambda r, c, b: (5 * r * c, 2 * r * c * b),
     [Case({"rows": 4096, "cols": 1000, "dtype_bytes": 2}, None),
      Case({"rows": 1, "cols": 50_257, "dtype_bytes": 4}, None)],
+    {"rows": range(2, 1 << 16), "cols": range(2, 1 << 18), "dtype_bytes": BYTES},
     ("Per element: a comparison for the max, a subtraction, an exponential, an addition "
      "for the sum, a division.",
      "The input is read once and the output written once, whatever the kernel does "
@@ -115,6 +163,9 @@ _counting(
     lambda m, n, k, b: (2 * m * n * k, (m * k + k * n + m * n) * b),
     [Case({"m": 4096, "n": 4096, "k": 4096, "dtype_bytes": 2}, None),
      Case({"m": 16, "n": 8192, "k": 8192, "dtype_bytes": 2}, None)],
+    # m, n and k apart, so that a formula with two of them swapped is wrong.
+    {"m": range(1, 1 << 14), "n": range(1 << 14, 1 << 15), "k": range(1 << 15, 1 << 16),
+     "dtype_bytes": BYTES},
     ("Each of the m*n outputs is a dot product of length k.",
      "A dot product of length k is k multiplies and k additions."),
 )
@@ -128,6 +179,8 @@ _counting(
            "causal": 0}, None),
      Case({"batch": 1, "heads": 32, "seq": 8192, "head_dim": 64, "dtype_bytes": 2,
            "causal": 1}, None)],
+    {"batch": range(1, 64), "heads": range(1, 128), "seq": range(1, 1 << 15),
+     "head_dim": (32, 64, 80, 96, 128, 256), "dtype_bytes": BYTES, "causal": (0, 1)},
     ("Two matmuls per head: scores S = Q Kᵀ (seq×seq, inner size head_dim), then O = P V. "
      "Count only those; the softmax is small beside them.",
      "Each matmul is 2*seq*seq*head_dim FLOPs per head; a causal mask skips half the "
@@ -138,9 +191,27 @@ _counting(
 # --- the time floor ---------------------------------------------------------------------
 
 
-def _floor_reference(flops, nbytes, peak, bandwidth):
+FLOOR_DRAWS = {"flops": range(10**9, 10**16), "nbytes": range(10**6, 10**12),
+               # Peaks and bandwidths of real cards (H100, L4, A100, H200), in FLOP/s, B/s.
+               "peak": (989e12, 67e12, 121e12, 312e12, 19.5e12),
+               "bandwidth": (3.35e12, 0.3e12, 2.0e12, 4.8e12)}
+
+
+FLOOR_CASES = [
+    Case({"flops": 2 * 4096**3, "nbytes": 3 * 4096**2 * 2, "peak": 989e12,
+          "bandwidth": 3.35e12}, None, note="bf16 matmul on an H100"),
+    Case({"flops": 1 << 28, "nbytes": 3 * 4 << 28, "peak": 67e12, "bandwidth": 3.35e12},
+         None, note="fp32 vector add on an H100"),
+    Case({"flops": 2 * 16 * 8192 * 8192, "nbytes": (16 * 8192 * 2 + 8192**2) * 2,
+          "peak": 121e12, "bandwidth": 0.3e12}, None, note="skinny matmul on an L4"),
+    Case({}, None, note=DRAWN),
+]
+
+
+def _floor_reference(flops, nbytes, peak, bandwidth) -> Expected:
     compute, memory = flops / peak, nbytes / bandwidth
-    return (max(compute, memory), "compute" if compute >= memory else "memory")
+    return _expected((max(compute, memory), "compute" if compute >= memory else "memory"),
+                     tuple(FLOOR_DRAWS), (flops, nbytes, peak, bandwidth), FLOOR_CASES)
 
 
 def _compare_floor(got: object, want: tuple) -> str:
@@ -153,25 +224,19 @@ def _compare_floor(got: object, want: tuple) -> str:
         problems.append(f"seconds: got {value:.4g}, expected {want[0]:.4g}")
     if bound != want[1]:
         problems.append(f"bound: got {bound!r}, expected {want[1]!r}")
-    return "; ".join(problems)
+    given = getattr(want, "given", "")
+    return f"for {given}: " + "; ".join(problems) if problems and given else "; ".join(problems)
 
 
 register(Problem(
     id="roofline/time_floor",
     title="The time floor of a kernel, and what bounds it",
     signature="(flops, nbytes, peak_flops, bandwidth) -> (seconds, 'memory' | 'compute')",
-    make_inputs=_sizes,
+    make_inputs=_sizes_or_draw(FLOOR_DRAWS),
     reference=_floor_reference,
     cost=_free,
-    cpu_cases=(cases := [
-        Case({"flops": 2 * 4096**3, "nbytes": 3 * 4096**2 * 2, "peak": 989e12,
-              "bandwidth": 3.35e12}, None, note="bf16 matmul on an H100"),
-        Case({"flops": 1 << 28, "nbytes": 3 * 4 << 28, "peak": 67e12, "bandwidth": 3.35e12},
-             None, note="fp32 vector add on an H100"),
-        Case({"flops": 2 * 16 * 8192 * 8192, "nbytes": (16 * 8192 * 2 + 8192**2) * 2,
-              "peak": 121e12, "bandwidth": 0.3e12}, None, note="skinny matmul on an L4"),
-    ]),
-    gpu_cases=cases,
+    cpu_cases=FLOOR_CASES,
+    gpu_cases=FLOOR_CASES,
     kernel=None,
     timed=False,
     compare=_compare_floor,
