@@ -12,14 +12,19 @@ above +inf, whatever its sign bit: the cases hold NaNs made the way arithmetic m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..evidence import guard, poison
-from ..evidence.recording import paused
+from ..device import interpreter_enabled
+from ..evidence import grader_calls, guard, poison
+from ..evidence.live_memory import live
+from ..evidence.recording import TRIVIAL_OPS, paused
+from ..model.trace import tracing
 from ..problem import Case, Cost, Levels, Problem, dtype_name, random_tensor, register
 from . import traced
 
@@ -41,6 +46,8 @@ TRAFFIC = "many rows, traced for traffic"
 FEW_ROWS = "few long rows"
 SHARDS = "shards of the stream on several GPUs, merged"
 SHORT_CHUNKS = "chunks shorter than k"
+MEMORY = "the process's memory measured before the stream and after its updates"
+PAST_32_BITS = "positions past 2**32: the stream starts at offset 2**32 + 7"
 
 # Already library calls under the engine's rule (host code may only allocate, view, fill,
 # copy and cast); named so that the problems say what they forbid.
@@ -99,9 +106,14 @@ def _rows_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tupl
 
 
 def _stream_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
+    """The stream, k, the chunk length, the number of shards, where the stream starts
+    (its first position), whether to measure the memory the objects hold, and whether
+    this is the timed case (where the grader does nothing but feed the chunks: no
+    measurement, which takes a second of host work, no check of the chunks after)."""
     n = case.sizes["n"]
     x = _scores(case, (n,), gen, device).to(case.dtype)
-    return x, case.sizes["k"], case.sizes["chunk"], case.sizes.get("devices", 1)
+    return (x, case.sizes["k"], case.sizes["chunk"], case.sizes.get("devices", 1),
+            case.sizes.get("offset", 0), case.note == MEMORY and not case.timed, case.timed)
 
 
 def _rows_cost(case: Case) -> Cost:
@@ -126,6 +138,7 @@ class Reference:
     values: torch.Tensor  # float64, [m, k]: torch.topk's values, NaN first
     chunk: int = 0  # a stream's chunk length, and its shard length on each device
     shard: int = 0
+    offset: int = 0  # a stream's first position
 
 
 def expected_values(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -141,114 +154,184 @@ def _rows_reference(x: torch.Tensor, k: int) -> Reference:
     return Reference(x, k, expected_values(x, k))
 
 
-def _stream_reference(x: torch.Tensor, k: int, chunk: int, devices: int) -> Reference:
+def _stream_reference(x: torch.Tensor, k: int, chunk: int, devices: int, offset: int,
+                      *flags: bool) -> Reference:
     shard = -(-x.numel() // devices)
-    return Reference(x[None], k, expected_values(x[None], k), chunk, shard)
+    return Reference(x[None], k, expected_values(x[None], k), chunk, shard, offset)
+
+
+class _LibraryCalls(TorchDispatchMode):
+    """The library ops the candidate called while this mode was on: every aten op that
+    is not host work (``TRIVIAL_OPS``), as the engine counts them. ``set_`` is left out:
+    Triton's interpreter calls it to move a launch's arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        # This mode's frame sits between an op and a launch: the recorder must know it
+        # for the grader's (else it takes Triton's own ops in a launch for the learner's).
+        grader_calls.refresh()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        name = func.overloadpacket.__name__
+        if name not in TRIVIAL_OPS and name != "set_":
+            self.names.add(name)
+        return func(*args, **(kwargs or {}))
 
 
 def _call(candidate: Callable, inputs: tuple) -> tuple:
     """The candidate's answer, with the dtype of the input it answered (the answer is
-    compared in float64 against float64 inputs: the dtype is checked on its name)."""
+    compared in float64 against float64 inputs: the dtype is checked on its name), and
+    notes on the run: the library ops it called, so that the trace check does not blame
+    its kernels for an answer the library made."""
     x, k = inputs
-    return candidate(x, k), dtype_name(x.dtype)
+    calls = _LibraryCalls()
+    with calls:
+        answer = candidate(x, k)
+    return answer, dtype_name(x.dtype), {"library": sorted(calls.names)}
 
 
-# --- memory a stream holds --------------------------------------------------------------
+# --- feeding a stream, and the memory it holds ------------------------------------------
 
-# What the object may hold between updates: 64 bytes per kept result (values, indices and
-# room for scratch), and 4 KiB.
+# What the objects may hold between updates: 64 bytes per kept result (values, indices and
+# room for scratch), and 4 KiB, each.
 def memory_bound(k: int) -> int:
     return 64 * max(2, 1 << (k - 1).bit_length()) + 4096
 
 
-def _reachable_tensors(root: object) -> list[torch.Tensor]:
-    """Every tensor (and numpy array) reachable from ``root`` through attributes,
-    containers, closures and bound methods."""
-    found, seen, todo = [], set(), [(root, 0)]
-    while todo:
-        item, depth = todo.pop()
-        if id(item) in seen or depth > 8:
-            continue
-        seen.add(id(item))
-        if isinstance(item, (torch.Tensor, np.ndarray)):
-            found.append(item)
-            continue
-        if isinstance(item, (str, bytes, int, float, bool, type(None), type, torch.dtype,
-                             torch.device)) or type(item).__name__ == "module":
-            continue
-        if isinstance(item, dict):
-            children = [*item.keys(), *item.values()]
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            children = list(item)
-        else:
-            children = list(getattr(item, "__dict__", {}).values())
-            for slot in getattr(type(item), "__slots__", ()):
-                children.append(getattr(item, slot, None))
-            children += [cell.cell_contents for cell in getattr(item, "__closure__", None) or ()
-                         if _filled(cell)]
-            children.append(getattr(item, "__self__", None))
-        todo += [(child, depth + 1) for child in children]
-    return found
+def _shards(n: int, chunk: int, devices: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Each shard's first position and its chunks, (start, end) in the stream."""
+    shard = -(-n // devices)
+    return [(start, [(first, min(first + chunk, start + shard, n))
+                     for first in range(start, min(n, start + shard), chunk)])
+            for start in range(0, n, shard)]
 
 
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018
-    except ValueError:
-        return False
-    return True
+def _fresh(scores: torch.Tensor, recorded: bool) -> guard.Guarded:
+    """A chunk as a producer hands it over: in memory of its own (not a view of the
+    stream, whose storage would show what is still to come), between poisoned margins.
+    In the graded run the copy is recorded with the candidate's steps (a host copy, which
+    the rule allows), so that a replay on new inputs (``evidence/replay.py``) copies the
+    new scores into the chunks again."""
+    with paused():
+        piece = guard.empty(tuple(scores.shape), scores.dtype, scores.device, name="a chunk")
+    with contextlib.nullcontext() if recorded else paused():
+        piece.view.copy_(scores)
+    return piece
 
 
-def held_bytes(root: object) -> int:
-    """The memory ``root`` keeps alive, counted by storage: a view of a chunk holds the
-    whole storage it is a view of. The poisoned margins a check puts around every tensor
-    it allocates are not the candidate's (``evidence/guard.py``): a storage whose held views all lie
-    inside such margins is counted without them."""
-    storages: dict[int, tuple[int, list[tuple[int, int]]]] = {}
-    total = 0
-    for item in _reachable_tensors(root):
-        if isinstance(item, np.ndarray):
-            base = item
-            while isinstance(base.base, np.ndarray):
-                base = base.base
-            total += base.nbytes
-            continue
-        storage = item.untyped_storage()
-        start = item.storage_offset() * item.element_size()
-        span = (1 + sum((s - 1) * st for s, st in zip(item.shape, item.stride(), strict=True))
-                if item.numel() else 0) * item.element_size()
-        entry = storages.setdefault(storage.data_ptr(), (storage.nbytes(), []))
-        entry[1].append((start, start + span))
-    for nbytes, views in storages.values():
-        margin = guard.MARGIN_BYTES
-        inside = nbytes >= 2 * margin and all(margin <= a and b <= nbytes - margin
-                                               for a, b in views)
-        total += nbytes - 2 * margin if inside else nbytes
-    return total
+def _intact(x: torch.Tensor, pieces: list[tuple[int, int, guard.Guarded]]) -> str:
+    """"" if the candidate left every chunk (first, end, its memory) as it was given."""
+    as_bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    with paused():
+        for first, end, piece in pieces:
+            if piece.margins_hit() or not torch.equal(piece.view.view(as_bits),
+                                                      x[first:end].view(as_bits)):
+                return (f"wrote into the chunk of positions {first} to {end - 1}, or past "
+                        "its end: a chunk is read-only, and may be reused by the producer "
+                        "as soon as update returns")
+    return ""
+
+
+@contextlib.contextmanager
+def _watched(calls: _LibraryCalls | None) -> Iterator[None]:
+    if calls is None:
+        yield
+        return
+    with calls:
+        yield
+
+
+def _updated(candidate: Callable, inputs: tuple, calls: _LibraryCalls | None,
+             kept: list[tuple[int, int, guard.Guarded]] | None) -> list:
+    """The stream objects after every chunk of their shard, each chunk a fresh tensor,
+    kept in ``kept`` with its place in the stream if given (so that no two chunks share
+    an address), else dropped once its update returns. With ``calls`` this is the graded
+    run (recorded, its library calls watched); without, the measuring run."""
+    x, k, chunk, devices, offset = inputs[:5]
+    streams = []
+    for start, pieces in _shards(x.numel(), chunk, devices):
+        with _watched(calls):
+            stream = candidate(k) if devices == 1 and not offset else \
+                candidate(k, offset + start)
+        for first, end in pieces:
+            piece = _fresh(x[first:end], recorded=calls is not None)
+            with _watched(calls):
+                stream.update(piece.view)
+            if kept is not None:
+                kept.append((first, end, piece))
+        streams.append(stream)
+    return streams
+
+
+def _merged(streams: list, calls: _LibraryCalls | None) -> object:
+    """The top k of every shard: the first stream, each other merged into it."""
+    with _watched(calls):
+        for other in streams[1:]:
+            streams[0].merge(other)
+    return streams[0]
+
+
+@contextlib.contextmanager
+def _traced_apart() -> Iterator[None]:
+    """Launches that are not the case's own (the measuring run): traced, so that the
+    interpreter still refuses an access outside every argument, but apart, so that the
+    case's trace and its traffic are the graded run's alone."""
+    if not interpreter_enabled():
+        yield
+        return
+    with tracing():
+        yield
+
+
+def _live_bytes(device: torch.device) -> int:
+    """Bytes of every tensor and buffer alive in the process, on the host and on
+    ``device``: a stream on a GPU can keep its chunks on the host (numpy, bytes)."""
+    held = live("cpu").bytes
+    return held + live(device).bytes if device.type != "cpu" else held
+
+
+def held_bytes(candidate: Callable, inputs: tuple) -> tuple[int, str]:
+    """Run the stream again, apart (not recorded, not part of the case's trace), on fresh
+    chunks that nothing of the grader's keeps once their update returns, and count the
+    process's live memory before the first object exists and after the last update:
+    whatever grew is what the objects keep, wherever they keep it (an attribute, a
+    deque, a module-level dict, pickled bytes, numpy). Returns those bytes, and "" or
+    what is wrong with the answer of this run (a stream that keeps less only when it is
+    measured must still be right)."""
+    x, k, chunk, devices, offset = inputs[:5]
+    with paused():
+        before = _live_bytes(x.device)
+        with _traced_apart():
+            streams = _updated(candidate, inputs, None, None)
+        held = _live_bytes(x.device) - before
+        with _traced_apart():
+            answer = _merged(streams, None).result()
+        reference = _stream_reference(x.double(), k, chunk, devices, offset)
+        return held, _check_answer(answer, dtype_name(x.dtype), reference, False, True)
 
 
 def _run_stream(candidate: Callable, inputs: tuple) -> tuple:
     """Feed the stream to the candidate's class in chunks, on ``devices`` shards, merge
-    the shards, and return its result with the most memory one object held after its last
-    update and after the merges (an object that keeps chunks, or views of them, holds them
-    then; measuring after every update would add host work to the timed run). Chunks are
-    views of the stream: keeping one keeps all of it."""
-    x, k, chunk, devices = inputs
-    n = x.numel()
-    shard = -(-n // devices)
-    streams, most = [], 0
-    for start in range(0, n, shard):
-        stream = candidate(k) if devices == 1 else candidate(k, start)
-        for first in range(start, min(n, start + shard), chunk):
-            stream.update(x[first:min(first + chunk, start + shard, n)])
-        with paused():
-            most = max(most, held_bytes(stream))
-        streams.append(stream)
-    for other in streams[1:]:
-        streams[0].merge(other)
-    with paused():
-        most = max(most, held_bytes(streams[0]))
-    return streams[0].result(), dtype_name(x.dtype), most
+    the shards, and return its result with notes on the run: the library ops it called,
+    whether it wrote into its chunks (not on the timed case), where each chunk was (the
+    trace says whether kernels read it), and on a measured case the memory the objects
+    held after their updates, and what was wrong, if anything, with the answer of that
+    second run."""
+    x, k, chunk, devices, offset, measured, timed = inputs
+    calls, kept = _LibraryCalls(), []
+    streams = _updated(candidate, inputs, calls, kept)
+    first = _merged(streams, calls)
+    with _watched(calls):
+        answer = first.result()
+    notes: dict = {"library": sorted(calls.names), "error": "" if timed else _intact(x, kept),
+                   "chunks": [(p.view.data_ptr(), p.view.nbytes) for _, _, p in kept]}
+    del streams, first, kept
+    if measured:
+        held, again = held_bytes(candidate, inputs)
+        notes.update({"held": held, "allowed": devices * memory_bound(k), "objects": devices,
+                      "chunk_bytes": chunk * x.element_size(), "again": again})
+    return answer, dtype_name(x.dtype), notes
 
 
 # --- comparing answers, and naming the classic bugs -------------------------------------
@@ -266,45 +349,96 @@ def _fmt(t: torch.Tensor, count: int = 6) -> str:
 
 def compare_for(radix: bool = False, stream: bool = False) -> Callable[[object, object], str]:
     """The comparison of a top-k answer with the reference: "" if right, else what is
-    wrong, and the likely cause where the evidence shows one."""
+    wrong, and the likely cause where the evidence shows one. The output is (answer,
+    dtype name, notes on the run): see ``_call`` and ``_run_stream``."""
 
     def compare(output: object, reference: Reference) -> str:
-        held = None
-        if stream and isinstance(output, (tuple, list)) and len(output) == 3:
-            output, held = output[:2], output[2]
-        if not (isinstance(output, (tuple, list)) and len(output) == 2):
-            return f"returned {type(output).__name__}: expected the answer and its dtype"
-        answer, dtype = output
-        if not (isinstance(answer, (tuple, list)) and len(answer) == 2
-                and all(isinstance(t, torch.Tensor) for t in answer)):
-            what = type(answer).__name__
-            return (f"returned {what}, expected a pair of tensors (values, indices), as "
-                    "torch.topk returns them")
-        values, indices = answer
-        x, k = reference.x, reference.k
-        m, n = x.shape
-        shape = (k,) if stream else (m, k)
-        for name, t, want in (("values", values, dtype), ("indices", indices, "int64")):
-            if tuple(t.shape) != shape:
-                return f"{name}: shape {tuple(t.shape)}, expected {shape}"
-            if dtype_name(t.dtype) != want:
-                return f"{name}: dtype {dtype_name(t.dtype)}, expected {want}"
-            if t.device.type != x.device.type:
-                return f"{name}: on device {t.device}, expected {x.device}"
-            unwritten = poison.unwritten_mask(t)
-            if bool(unwritten.any()):
-                return (f"{name}: {int(unwritten.sum())} of {t.numel()} elements were never "
-                        "written (they hold the poison that fills fresh memory during a "
-                        "check): a missing row, or slots past the first k?")
-        values, indices = values.reshape(m, k), indices.reshape(m, k)
-        if held is not None and held > memory_bound(k):
-            return (f"the stream object holds {held:,} bytes after its updates, more than "
-                    f"{memory_bound(k):,} (64 bytes per kept result and 4 KiB): it keeps "
-                    "chunks, or views of them, and a view keeps the whole storage it looks "
-                    "into. Keep the top k so far and nothing else")
-        return _check_rows(values, indices, reference, radix, stream)
+        if not (isinstance(output, (tuple, list)) and len(output) == 3):
+            return f"returned {type(output).__name__}: expected the answer, its dtype, notes"
+        answer, dtype, notes = output
+        notes = notes if isinstance(notes, dict) else {}
+        if notes.get("error"):
+            return str(notes["error"])
+        wrong = _check_answer(answer, dtype, reference, radix, stream)
+        if wrong or not stream:
+            return wrong
+        again = notes.get("again")
+        return _memory_cause(notes, reference.k) or (
+            f"run again on the same chunks (to measure its memory): {again}" if again else "")
 
     return compare
+
+
+def _check_answer(answer: object, dtype: str, reference: Reference, radix: bool,
+                  stream: bool) -> str:
+    """Is ``answer`` (values, indices) the top k, as torch.topk gives it?"""
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2
+            and all(isinstance(t, torch.Tensor) for t in answer)):
+        what = type(answer).__name__
+        return (f"returned {what}, expected a pair of tensors (values, indices), as "
+                "torch.topk returns them")
+    values, indices = answer
+    x, k = reference.x, reference.k
+    m, n = x.shape
+    shape = (k,) if stream else (m, k)
+    for name, t, want in (("values", values, dtype), ("indices", indices, "int64")):
+        if tuple(t.shape) != shape:
+            return f"{name}: shape {tuple(t.shape)}, expected {shape}"
+        if dtype_name(t.dtype) != want:
+            return f"{name}: dtype {dtype_name(t.dtype)}, expected {want}"
+        if t.device.type != x.device.type:
+            return f"{name}: on device {t.device}, expected {x.device}"
+        unwritten = poison.unwritten_mask(t)
+        if bool(unwritten.any()):
+            return (f"{name}: {int(unwritten.sum())} of {t.numel()} elements were never "
+                    "written (they hold the poison that fills fresh memory during a "
+                    "check): a missing row, or slots past the first k?")
+    values, indices = values.reshape(m, k), indices.reshape(m, k).to(x.device)
+    wrapped = _wrapped_positions(values, indices, reference)
+    if wrapped:
+        return wrapped
+    return _check_rows(values, indices - reference.offset, reference, radix, stream)
+
+
+def _memory_cause(notes: dict, k: int) -> str:
+    """What a measured stream held after its updates, if more than its bound."""
+    held, allowed = notes.get("held"), notes.get("allowed")
+    if not isinstance(held, int) or not isinstance(allowed, int) or held <= allowed:
+        return ""
+    objects, chunk_bytes = notes.get("objects", 1), notes.get("chunk_bytes", 0)
+    each = f"{objects} objects, each with " if objects != 1 else ""
+    chunks = f", as much as {held / chunk_bytes:.1f} chunks" if chunk_bytes else ""
+    return (f"the stream objects keep {held:,} bytes alive after their updates{chunks}, "
+            f"more than the {allowed:,} allowed ({each}64 bytes per kept result and 4 KiB): "
+            "counted over the whole process, so chunks kept anywhere count (an attribute, a "
+            "deque, a module-level dict, pickled bytes, a numpy copy, a view, which keeps the "
+            "whole storage it looks into). Keep the top k so far and nothing else")
+
+
+def _wrapped_positions(values: torch.Tensor, indices: torch.Tensor, ref: Reference) -> str:
+    """Where the stream starts past 2**32: indices that are not positions in the stream
+    but, modulo 2**32, are the positions of their values (positions cut to 32 bits).
+    (The cases' streams do not cross a multiple of 2**32.)"""
+    n = ref.x.shape[1]
+    if ref.offset + n <= 1 << 32:
+        return ""
+    local = indices - ref.offset
+    outside = (local < 0) | (local >= n)
+    if not bool(outside.any()):
+        return ""
+    restored = indices % (1 << 32) + (ref.offset >> 32 << 32) - ref.offset
+    fits = (restored >= 0) & (restored < n)
+    if not bool(fits[outside].all()):
+        return ""
+    there = ref.x.gather(1, restored.clamp(0, n - 1))
+    if not bool(_same(there, values.double())[outside].all()):
+        return ""
+    r, j = (int(i) for i in outside.nonzero()[0])
+    return (f"index {int(indices[r, j]):,} at position {j} is the position of a top score "
+            f"modulo 2**32 ({int(restored[r, j]) + ref.offset:,} is): the stream starts at "
+            f"{ref.offset:,}, and its positions lost their bits above 32 (packed into 32 "
+            "bits beside a key, or held in an int32). Sort words that carry a slot, and "
+            "fetch each winner's int64 position by its slot")
 
 
 def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, radix: bool,
@@ -322,8 +456,9 @@ def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, rad
         r, j = (int(i) for i in outside.nonzero()[0])
         index = int(indices[r, j])
         if stream:
-            return (f"index {index} {where(r, j)} is outside the stream of {n:,} scores: an "
-                    "index is a position in the stream, from 0")
+            start = f"offset {ref.offset:,}" if ref.offset else "0"
+            return (f"index {index + ref.offset:,} {where(r, j)} is outside the stream of "
+                    f"{n:,} scores: an index is a position in the stream, from {start}")
         if n <= index < n + (1 << 17):  # within a block or so of the end
             return (f"index {index} {where(r, j)} is past the end of the row (n = {n}): "
                     "lanes beyond the last element took part. Mask the last block, and give "
@@ -419,21 +554,58 @@ def _answer_tensors(output: object) -> list[torch.Tensor]:
         if isinstance(answer, (tuple, list)) else []
 
 
-def _kernels_did_the_work(x: torch.Tensor, launches: list, output: object) -> str:
-    """The kernels read every score and wrote every result (not the host, not a copy)."""
-    x_bytes = x.numel() * x.element_size()
-    if traced.bytes_moved(launches, x, "load") < x_bytes:
+def _notes(output: object) -> dict:
+    notes = output[2] if isinstance(output, (tuple, list)) and len(output) == 3 else {}
+    return notes if isinstance(notes, dict) else {}
+
+
+def _loads_within(launches: list, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Bytes the launches loaded from each (address, bytes) range (ranges that do not
+    overlap), active lanes only."""
+    order = np.argsort([start for start, _ in ranges])
+    starts = np.array([ranges[i][0] for i in order], dtype=np.uint64)
+    ends = starts + np.array([ranges[i][1] for i in order], dtype=np.uint64)
+    loaded = np.zeros(len(ranges), dtype=np.int64)
+    for launch in launches:
+        for access in launch.accesses:
+            if access.kind != "load":
+                continue
+            addresses = access.addresses[access.active]
+            slot = np.searchsorted(starts, addresses, side="right") - 1
+            inside = slot >= 0
+            inside[inside] &= addresses[inside] < ends[slot[inside]]
+            np.add.at(loaded, slot[inside], access.element_size)
+    return loaded[np.argsort(order)]
+
+
+def _kernels_did_the_work(launches: list, output: object, unread: bool) -> str:
+    """The kernels read every score (``unread``: they did not) and wrote every result
+    (not the host, not a copy). Where the candidate called the library, that is the
+    cause, not its kernels."""
+    unstored = [name for name, t in zip(("values", "indices"), _answer_tensors(output),
+                                        strict=False)
+                if traced.bytes_moved(launches, t, "store") < t.numel() * t.element_size()]
+    if not unread and not unstored:
+        return ""
+    library = [str(op) for op in _notes(output).get("library", ())]
+    if library:
+        ops = ", ".join(f"aten.{op}" for op in library)
+        what = "the scores" if unread else f"the {unstored[0]} returned"
+        return (f"calls the library ({ops}) for work its kernels should do: no kernel "
+                f"{'read' if unread else 'stored'} {what}")
+    if unread:
         return ("the kernels did not read every score: each element of x must be read by a "
                 "kernel (host code may only allocate, view, fill and copy)")
-    for name, t in zip(("values", "indices"), _answer_tensors(output), strict=False):
-        if traced.bytes_moved(launches, t, "store") < t.numel() * t.element_size():
-            return (f"{name} were not written by a kernel: the answer must come out of the "
-                    "kernels' own stores, not a copy made on the host")
-    return ""
+    return (f"{unstored[0]} were not written by a kernel: the answer must come out of the "
+            "kernels' own stores, not a copy made on the host")
+
+
+def _rows_read(x: torch.Tensor, launches: list) -> bool:
+    return traced.bytes_moved(launches, x, "load") >= x.numel() * x.element_size()
 
 
 def rows_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
-    return _kernels_did_the_work(inputs[0], launches, output)
+    return _kernels_did_the_work(launches, output, not _rows_read(inputs[0], launches))
 
 
 def radix_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
@@ -443,7 +615,7 @@ def radix_structure(case: Case, inputs: tuple, launches: list, output: object) -
     several programs. (On narrow ranges and duplicates radix filtering degrades by nature:
     there only the answer is graded.)"""
     x, k = inputs
-    done = _kernels_did_the_work(x, launches, output)
+    done = _kernels_did_the_work(launches, output, not _rows_read(x, launches))
     if done or case.note not in (TRAFFIC, FEW_ROWS):
         return done
     m, n = x.shape
@@ -509,7 +681,13 @@ def _programs_reading_row(launches: list, x: torch.Tensor) -> int:
 
 
 def stream_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
-    return _kernels_did_the_work(inputs[0], launches, output)
+    """Every chunk read by a kernel while it was alive (each chunk is fresh memory, kept
+    until the stream ends, so the trace tells the chunks apart), every result stored by
+    one."""
+    chunks = [(int(a), int(b)) for a, b in _notes(output).get("chunks", ())]
+    unread = not chunks or bool((_loads_within(launches, chunks) <
+                                 np.array([b for _, b in chunks])).any())
+    return _kernels_did_the_work(launches, output, unread)
 
 
 # --- the problems -----------------------------------------------------------------------
@@ -639,11 +817,13 @@ register(Problem(
 
 
 def _stream_case(n: int, k: int, chunk: int, devices: int = 1, dtype: torch.dtype = F32,
-                 **fields) -> Case:
-    return Case({"n": n, "k": k, "chunk": chunk, "devices": devices}, dtype, **fields)
+                 offset: int = 0, **fields) -> Case:
+    sizes = {"n": n, "k": k, "chunk": chunk, "devices": devices}
+    return Case(sizes | ({"offset": offset} if offset else {}), dtype, **fields)
 
 
-def _stream_baseline(x: torch.Tensor, k: int, chunk: int, devices: int) -> tuple:
+def _stream_baseline(x: torch.Tensor, k: int, chunk: int, devices: int, offset: int,
+                     *flags: bool) -> tuple:
     return torch.topk(x, k)  # the whole stream at once, in memory: the library's way
 
 
@@ -653,19 +833,24 @@ register(Problem(
     cost=_stream_cost, invoke=_run_stream, compare=compare_for(stream=True),
     trace_check=stream_structure, library_ops=TOPK_OPS | {"cat", "stack"},
     solution="rooflab.kernels.topk:StreamingTopK",
+    # The measured cases' streams are thousands of times k, each chunk more than an
+    # object's bound.
     cpu_cases=[
         _stream_case(40000, 64, 10000),
         _stream_case(30000, 100, 5000, 3, note=SHARDS),
         _stream_case(2400, 300, 256, note=SHORT_CHUNKS),
         _stream_case(8000, 20, 2000, note=SPECIAL),
         _stream_case(12000, 37, 3000, 2, F16, note=SHARDS),
-        _stream_case(10000, 1, 2500, note="k = 1"),
+        _stream_case(10000, 1, 2500, 2, note=MEMORY),  # and k = 1
         _stream_case(500, 500, 100, 2, note="k = n"),
         _stream_case(9000, 50, 3000, note=NARROW),
+        _stream_case(1200, 5, 300, 2, offset=(1 << 32) + 7, note=PAST_32_BITS),
         _stream_case(12000, 64, 3000, 2, BF16),
     ],
     gpu_cases=[
         _stream_case(1 << 24, 100, 1 << 20, 4, note=SHARDS),
+        _stream_case(1 << 22, 64, 1 << 18, 2, note=MEMORY),
+        _stream_case(1 << 20, 50, 1 << 16, 2, offset=(1 << 32) + 7, note=PAST_32_BITS),
         _stream_case(1 << 16, 2048, 1000, note=SHORT_CHUNKS),
         _stream_case(1 << 20, 20, 1 << 16, note=SPECIAL),
         _stream_case(1 << 22, 37, 1 << 18, 2, F16, note=SHARDS),
