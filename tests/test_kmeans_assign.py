@@ -192,14 +192,16 @@ def _in_a_thread(x, c):
 @pytest.mark.parametrize("candidate, words", [
     (lambda x, c: torch.cdist(x.double(), c.double()).argmin(dim=1), "calls the library"),
     (_in_numpy, "not computed by its kernels"),
-    (_in_a_thread, "not computed by its kernels"),
+    # The recorder may see a thread's ops; if it does not, the replay catches the answer.
+    (_in_a_thread, ("in a thread started during the check", "not computed by its kernels")),
     (lambda x, c: km.assign(x, c).int(), "expected int64"),
 ])
 def test_cheats_and_wrong_types_fail(candidate, words):
     # One case, and not k = 1 (where every answer is 0 whatever the inputs): the replay of
     # a passing case on new inputs is what catches an answer computed elsewhere.
     result = grade(only("kmeans/assign", problems.FAR), candidate)
-    assert not result.passed and words in result.message(), result.message()
+    named = any(w in result.message() for w in ((words,) if isinstance(words, str) else words))
+    assert not result.passed and named, result.message()
 
 
 # --- the verdicts that could depend on the seed -------------------------------------------------

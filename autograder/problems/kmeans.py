@@ -279,12 +279,21 @@ def assign_structure(case: Case, inputs: tuple, launches: list, output: object) 
         return (f"its tl.dot calls do {flops / need:.2f}× the 2nkd = {need:,} FLOPs of the "
                 f"distances (n = {n}, k = {k}, d = {d}): tiles much wider than the data, or "
                 "each product computed more than once")
-    if any(dot.operand == "fp32" and dot.input_precision == "tf32" for dot in dots):
-        return ("fp32 tiles go into tl.dot with input_precision \"tf32\" (the default): on a "
-                "GPU that rounds them to TF32's 10 mantissa bits, and points nearly as close "
-                "to two centroids get the wrong one (the interpreter computes in fp32, so "
-                "this case passed here). Pass input_precision=\"tf32x3\" or \"ieee\"")
-    return ""
+    return tf32_dots(launches, "and points nearly as close to two centroids get the wrong "
+                               "one")
+
+
+def tf32_dots(launches: list, consequence: str) -> str:
+    """From the trace: fp32 tiles multiplied as TF32 (tl.dot's default precision), which
+    the interpreter computes in fp32, so the answer passed here; "" if none were. Says
+    ``consequence``: what TF32 does to this exercise's answer on a GPU."""
+    if not any(dot.operand == "fp32" and dot.input_precision == "tf32"
+               for launch in launches for dot in launch.dots):
+        return ""
+    return ("fp32 tiles go into tl.dot with input_precision \"tf32\" (the default): on a "
+            f"GPU that rounds them to TF32's 10 mantissa bits, {consequence} (the "
+            "interpreter computes in fp32, so this case passed here). Pass "
+            "input_precision=\"tf32x3\" or \"ieee\"")
 
 
 ASSIGN_SIGNATURE = "(x: Tensor[n, d], c: Tensor[k, d]) -> Tensor[n] int64  # nearest centroid"
@@ -414,9 +423,9 @@ def hottest_address(launches: list) -> int:
 
 
 def update_structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
-    """kmeans/update, from the trace: x is read at most twice, and with half of the points
+    """kmeans/update, from the trace: x is read at most twice, with half of the points
     in one cluster no address takes an atomic per point (the contention that serialises
-    them on a GPU)."""
+    them on a GPU), and sums made by tl.dot (a one-hot matrix times x) are not TF32's."""
     x, labels, k = inputs
     n, d = x.shape
     x_bytes = n * d * x.element_size()
@@ -429,7 +438,8 @@ def update_structure(case: Case, inputs: tuple, launches: list, output: object) 
                 "atomic adds, about one per point of that cluster: on a GPU they queue up "
                 "behind each other (contention). Sort the points by label, then add each run "
                 "of equal labels up first: one atomic per run and block")
-    return ""
+    return tf32_dots(launches, "each point is off by up to 5e-4 of itself, and the sums by "
+                               "far more than the 1e-5 the centroids are graded to")
 
 
 UPDATE_SIGNATURE = ("(x: Tensor[n, d], labels: Tensor[n] int64, k: int) -> (centroids: "
@@ -518,6 +528,8 @@ FAR_BLOBS = "groups far from the origin: every coordinate offset by 10 000"
 DUPLICATE_BLOBS = "every point four times"
 EMPTY_START = ("init given, one centroid far from every point: its cluster starts empty; "
                "groups offset by 10 000")
+LOCAL_START = ("init given, two centroids in one group (of two halves) and none in another: "
+               "Lloyd's algorithm keeps them there, a worse clustering than k-means++ finds")
 ONE = "k = 1"
 
 
@@ -551,7 +563,30 @@ def _fit_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple
         # policy for empty clusters gives the last group a centroid of its own.
         firsts = [x[torch.nonzero(group == g)[0, 0]] for g in range(k - 1)]
         init = torch.stack([*firsts, x.mean(dim=0) + 1e6])
+    if case.note == LOCAL_START:
+        x, init = _local_start(x, group, k)
     return _as_case(x, case, "x"), k, seed, init
+
+
+def _local_start(x: torch.Tensor, group: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points, and a start from which Lloyd's algorithm stays in a local optimum. The
+    group farthest from the last one is cut in two halves 100 apart, and gets two
+    centroids, one in each half; the last group gets none; every other group one. The
+    last group joins the group nearest to it, whose centroid settles between the two;
+    the halves keep their centroids: nothing moves one to the last group. Every point
+    stays far from any boundary between two centroids (fp32 labels it as float64 does),
+    and a start with one centroid in each group, as k-means++ almost always picks, ends
+    with an inertia thousands of times lower."""
+    means = torch.stack([x[group == g].mean(dim=0) for g in range(k)])
+    cut = int(((means[:-1] - means[-1]) ** 2).sum(dim=1).argmax())
+    members = torch.nonzero(group == cut).flatten()
+    halves = (members[: len(members) // 2], members[len(members) // 2:])
+    x = x.clone()
+    x[halves[0], 0] += 50
+    x[halves[1], 0] -= 50
+    firsts = [torch.nonzero(group == g)[0, 0] for g in range(k - 1) if g != cut]
+    return x, x[torch.stack([*firsts, halves[0][0], halves[1][0]])].clone()
 
 
 def _farthest_first(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -656,6 +691,11 @@ def compare_fit(output: object, reference: dict) -> str:
         return (f"not converged: one more assignment and update lower the inertia from "
                 f"{reached:.6g} to {float(after.sum()):.6g}. Loop until an assignment lowers "
                 "it by at most TOL of it")
+    if init is not None and reached < best * (1 - 1e-3):
+        return (f"inertia {reached:.6g}, below the {best:.6g} that Lloyd's algorithm reaches "
+                "from the given init (with this lab's policy for empty clusters): a "
+                "clustering that started elsewhere. Start from init when one is given; "
+                "k-means++ is for init=None")
     if reached > best * (1 + 1e-3):
         if init is None:
             return (f"inertia {reached:.6g}, {reached / best:.3g}× the best clustering's "
@@ -698,6 +738,7 @@ register(Problem(
         Case({"n": 300, "d": 10, "k": 10}, torch.float32, note=FAR_BLOBS, transposed=("x",)),
         Case({"n": 256, "d": 8, "k": 8}, torch.float32, note=DUPLICATE_BLOBS),
         Case({"n": 200, "d": 8, "k": 4}, torch.float32, note=EMPTY_START),
+        Case({"n": 150, "d": 8, "k": 5}, torch.float32, note=LOCAL_START),
         Case({"n": 150, "d": 10, "k": 1}, torch.float32, note=ONE),
         Case({"n": 300, "d": 16, "k": 6}, torch.bfloat16, note=BLOBS),
     ],
@@ -709,6 +750,7 @@ register(Problem(
              transposed=("x",)),
         Case({"n": 16_384, "d": 32, "k": 16}, torch.float32, note=DUPLICATE_BLOBS),
         Case({"n": 20_000, "d": 16, "k": 8}, torch.float32, note=EMPTY_START),
+        Case({"n": 20_000, "d": 16, "k": 8}, torch.float32, note=LOCAL_START),
         Case({"n": 5_000, "d": 16, "k": 1}, torch.float32, note=ONE),
     ],
     hints=("k-means++: the first centroid is a point drawn uniformly; each next one a point "
