@@ -190,3 +190,15 @@ def test_live_memory_finds_tensors_bytes_and_autograd_saved_tensors_wherever_the
     assert (live("cpu") - before).bytes == held.bytes
     del kept, x, y, view
     assert (live("cpu") - before).bytes < 1000
+
+
+def test_an_n_by_k_matrix_written_by_host_copies_fails_the_fused_assignment():
+    def materialises(x, c):
+        scratch = torch.empty(x.shape[0], c.shape[0])
+        scratch.copy_(c[:, 0].expand(x.shape[0], c.shape[0]))  # no kernel wrote it
+        return assign(x, c)
+
+    result = grade("kmeans/assign", materialises)
+    assert result.failed
+    assert "its host code writes a tensor of shape" in result.causes[0]
+    assert "n × k matrix of distances" in result.causes[0]

@@ -283,6 +283,22 @@ def assign_structure(case: Case, inputs: tuple, launches: list, output: object) 
                                "one")
 
 
+def assign_host_writes(case: Case, inputs: tuple, writes: list) -> str:
+    """kmeans/assign, from what the host code wrote: no n × k matrix there either (a copy
+    of an expanded view is one, built without a kernel). Copies of x or c, the labels, and
+    anything smaller than n × k may be written."""
+    x, c = inputs
+    (n, d), k = x.shape, c.shape[0]
+    allowed = {(n,), (n, d), (d, n), (k, d), (d, k)}
+    for op, size, shape in writes:
+        if math.prod(shape) >= n * k and tuple(shape) not in allowed:
+            return (f"its host code writes a tensor of shape {tuple(shape)} ({size:,} bytes, "
+                    f"aten.{op}): as large as the n × k matrix of distances (n = {n}, k = "
+                    f"{k}) the fused kernel exists to avoid. Compute each tile of distances "
+                    "in the kernel, and keep it in registers")
+    return ""
+
+
 def tf32_dots(launches: list, consequence: str) -> str:
     """From the trace: fp32 tiles multiplied as TF32 (tl.dot's default precision), which
     the interpreter computes in fp32, so the answer passed here; "" if none were. Says
@@ -339,7 +355,7 @@ register(Problem(
     levels=Levels(passing=0.04, good=0.1, excellent=0.2),
     baseline=lambda x, c: torch.cdist(x, c).argmin(dim=1),
     baseline_name="torch.cdist + argmin", at_least_vs_baseline=1.0,
-    compare=compare_labels, trace_check=assign_structure,
+    compare=compare_labels, trace_check=assign_structure, host_check=assign_host_writes,
     hints=("Load the block of points once, before the loop; walk the centroids BLOCK_K at a "
            "time: ‖x − c‖² − ‖x‖² = ‖c‖² − 2x·c for a whole tile comes from one tl.dot, and "
            "each point keeps its best distance so far and its label.",
