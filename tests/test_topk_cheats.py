@@ -9,6 +9,7 @@ hoarder far above the bound.
 
 import collections
 import dataclasses
+import gc
 import pickle
 import sys
 
@@ -245,3 +246,22 @@ def test_a_stream_that_takes_each_chunks_top_k_on_the_host_fails():
     result = grade(only("topk/stream", "k = n"), OnTheHost)
     assert not result.passed
     assert "the kernels did not read every score" in result.causes[0]
+
+
+def test_a_stream_that_freezes_what_it_keeps_out_of_sight_fails():
+    """gc.freeze() hides objects from any count of live memory: freezing is the failure."""
+    class Freezes(topk.StreamingTopK):
+        kept: list = []
+
+        def update(self, chunk):
+            Freezes.kept.append(chunk.clone())
+            gc.freeze()
+            super().update(chunk)
+
+    try:
+        held, wrong = problems.held_bytes(Freezes, (torch.randn(2000), 4, 500, 1, 0, True,
+                                                    False))
+    finally:
+        gc.unfreeze()
+        Freezes.kept.clear()
+    assert "froze" in wrong and "gc.freeze" in wrong, wrong

@@ -25,13 +25,17 @@ import torch
 
 @dataclass(frozen=True)
 class Held:
-    """Bytes held on one device, and in how many separate buffers."""
+    """Bytes held on one device, in how many separate buffers, and how many objects were
+    frozen out of the garbage collector's sight (``gc.freeze``), which nothing here can
+    count: a measure whose ``frozen`` grew is no measure of what was kept."""
 
     bytes: int
     buffers: int
+    frozen: int = 0
 
     def __sub__(self, other: Held) -> Held:
-        return Held(self.bytes - other.bytes, self.buffers - other.buffers)
+        return Held(self.bytes - other.bytes, self.buffers - other.buffers,
+                    self.frozen - other.frozen)
 
 
 def _tensor_range(tensor: torch.Tensor) -> tuple[str, int, int] | None:
@@ -130,4 +134,4 @@ def live(device: str | torch.device = "cpu") -> Held:
         elif stop > end:
             total += stop - end
             end = stop
-    return Held(total, buffers)
+    return Held(total, buffers, gc.get_freeze_count())

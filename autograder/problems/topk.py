@@ -284,11 +284,13 @@ def _traced_apart() -> Iterator[None]:
         yield
 
 
-def _live_bytes(device: torch.device) -> int:
+def _live_bytes(device: torch.device) -> tuple[int, int]:
     """Bytes of every tensor and buffer alive in the process, on the host and on
-    ``device``: a stream on a GPU can keep its chunks on the host (numpy, bytes)."""
-    held = live("cpu").bytes
-    return held + live(device).bytes if device.type != "cpu" else held
+    ``device`` (a stream on a GPU can keep its chunks on the host: numpy, bytes), and the
+    count of objects frozen out of sight."""
+    host = live("cpu")
+    held = host.bytes + (live(device).bytes if device.type != "cpu" else 0)
+    return held, host.frozen
 
 
 def held_bytes(candidate: Callable, inputs: tuple) -> tuple[int, str]:
@@ -301,14 +303,19 @@ def held_bytes(candidate: Callable, inputs: tuple) -> tuple[int, str]:
     measured must still be right)."""
     x, k, chunk, devices, offset = inputs[:5]
     with paused():
-        before = _live_bytes(x.device)
+        before, frozen_before = _live_bytes(x.device)
         with _traced_apart():
             streams = _updated(candidate, inputs, None, None)
-        held = _live_bytes(x.device) - before
+        after, frozen = _live_bytes(x.device)
+        if frozen > frozen_before:  # gc.freeze(): what it keeps there cannot be counted
+            return after - before, (f"it froze {frozen - frozen_before:,} objects out of the "
+                                    "garbage collector's sight (gc.freeze), where no one can "
+                                    "count what they hold")
         with _traced_apart():
             answer = _merged(streams, None).result()
         reference = _stream_reference(x.double(), k, chunk, devices, offset)
-        return held, _check_answer(answer, dtype_name(x.dtype), reference, False, True)
+        return after - before, _check_answer(answer, dtype_name(x.dtype), reference, False,
+                                             True)
 
 
 def _run_stream(candidate: Callable, inputs: tuple) -> tuple:
