@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from mutants import grade, mutant, only
 from torch import nn
 
-from rooflab.autograder import get_problem
+from rooflab.autograder import check, get_problem
+from rooflab.autograder.checking.rank_check import recheck_ranks
 from rooflab.autograder.problems import fsdp as problems
 from rooflab.kernels import fsdp
 
@@ -37,13 +38,27 @@ def _seeds(problem: str, copies: int):
     return dataclasses.replace(spec, cpu_cases=cases, gpu_cases=cases)
 
 
+def _graded_with_room(problem: str, shard_layers, copies: int):
+    """The check on ``copies`` seeds of every case, and the same runs judged again with no
+    slack in the memory bound: the rank's shards, their gradients and AdamW's state only
+    ("" where every case still passes)."""
+    spec = _seeds(problem, copies)
+    result = check(spec, shard_layers, show=False, raise_on_failure=False, measure=False,
+                   keep_outputs=True)
+    tight = dataclasses.replace(spec, grade=problems._grade(problem == "fsdp/prefetch",
+                                                            slack_blocks=0))
+    return result, recheck_ranks(tight, result.outputs, result.seed)
+
+
 def test_the_course_solution_passes_far_inside_the_bar_for_21_seeds():
     # Every case on 2, 3 and 4 ranks, 7 seeds each: one process and the ranks agree far
-    # inside the bar, so the bar is not loose.
-    result = grade(_seeds("fsdp/prefetch", 7), fsdp.shard_layers)
+    # inside the bar, so the bar is not loose; between steps each rank holds no more
+    # than its shards, so the gathered blocks of slack are room to spare.
+    result, without_slack = _graded_with_room("fsdp/prefetch", fsdp.shard_layers, 7)
     assert result.passed, result.causes
     assert len(result.cases) == 21
     assert max(case.comparison.rel_error for case in result.cases) < problems.RELATIVE / 5
+    assert without_slack == "", without_slack
 
 
 class _SwappedShard:
@@ -88,27 +103,35 @@ class _SwappedShard:
         self.release()
 
 
-def swapped_shard_layers(model):
-    units = [_SwappedShard(b, dist.get_rank(), dist.get_world_size()) for b in model.blocks]
-    for block, unit in zip(model.blocks, units, strict=True):
-        block.register_forward_pre_hook(lambda m, a, u=unit: u.fetch())
-        block.register_forward_hook(lambda m, a, o, u=unit: u.release())
-        block.register_full_backward_pre_hook(lambda m, g, u=unit: u.fetch())
+def hooked_sharding(unit_class):
+    """shard_layers with one ``unit_class`` (fetch, release, reduce) per block, driven by
+    module hooks as FSDP2 drives its units."""
+    def shard_layers(model):
+        units = [unit_class(b, dist.get_rank(), dist.get_world_size()) for b in model.blocks]
+        for block, unit in zip(model.blocks, units, strict=True):
+            block.register_forward_pre_hook(lambda m, a, u=unit: u.fetch())
+            block.register_forward_hook(lambda m, a, o, u=unit: u.release())
+            block.register_full_backward_pre_hook(lambda m, g, u=unit: u.fetch())
 
-        def ready(p, u=unit):
-            u.done += 1
-            if u.done == len(u.params):
-                u.done = 0
-                u.reduce()
-        for p in unit.params:
-            p.register_post_accumulate_grad_hook(ready)
-    return [unit.shard for unit in units]
+            def ready(p, u=unit):
+                u.done += 1
+                if u.done == len(u.params):
+                    u.done = 0
+                    u.reduce()
+            for p in unit.params:
+                p.register_post_accumulate_grad_hook(ready)
+        return [unit.shard for unit in units]
+    return shard_layers
+
+
+swapped_shard_layers = hooked_sharding(_SwappedShard)
 
 
 def test_zero3_written_another_way_passes_every_case_for_21_seeds():
-    result = grade(_seeds("fsdp/zero3", 7), swapped_shard_layers)
+    result, without_slack = _graded_with_room("fsdp/zero3", swapped_shard_layers, 7)
     assert result.passed, result.causes
     assert len(result.cases) == 21
+    assert without_slack == "", without_slack
 
 
 NO_FREE = ("    def after_forward(index: int):\n        def hook(module, args, output):\n"

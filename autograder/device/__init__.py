@@ -27,11 +27,13 @@ learner's kernels among them are named in a warning.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -217,3 +219,16 @@ def explain_launch_error(error: BaseException | str) -> str | None:
                 "import rooflab.autograder before triton and before defining kernels, "
                 "then restart and run again")
     return None
+
+
+@contextlib.contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Run torch on one CPU thread for a while: on tiny tensors (a grader's reference, a
+    toy model) its thread pool costs more than it saves, many times more on a machine
+    whose cores are busy. Each rank of a multi-process check runs so already."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -13,30 +13,50 @@ its slice of the batch. Graded:
 * the shards: one flat parameter per block, ⌈numel/N⌉ elements, on every rank;
 * the calls of each step, from the record of every rank's torch.distributed calls:
   one all-gather per block in forward, one per block in backward, one reduce-scatter per
-  block in backward, and nothing else; each all-gather sends the shard, each
+  block in backward, and nothing else (no other collective, no message, in forward,
+  backward or the optimizer's step); each all-gather sends the shard, each
   reduce-scatter the padded whole;
-* memory: at most two blocks whole at once in forward (weights or gradients), three in
-  backward, none after backward;
+* memory the blocks show: at most two blocks whole at once in forward (weights or
+  gradients), three in backward, none after backward;
+* memory the rank holds: before the first step and after each, every tensor storage and
+  byte buffer alive in the rank (``evidence/live_memory.py``) that was made since the
+  grader's loop began or is reachable from the learner's function, at most what the
+  contract allows one rank: its shard of the parameters, of their gradients and of
+  AdamW's state, and one gathered block of slack (two with prefetch);
 * with ``prefetch``, the next block's all-gather is issued, asynchronously, before a
-  block computes, in forward and in backward.
+  block computes, and waited for only after it has computed (the recorded times of the
+  wait and of the block's compute show it), in forward and in backward.
 
 ``fsdp/plan`` counts, for a job on many nodes, what a GPU holds and sends under FSDP and
-under HSDP (shard within a node, replicate across nodes).
+under HSDP (shard within a node, replicate across nodes), on named cases and on sizes
+drawn from the seed.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import math
+import sys
+import sysconfig
+import types
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..device import one_cpu_thread
 from ..evidence.compare import CaseResult, Comparison
+from ..evidence.live_memory import live
 from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
 from ..ranks.record import Call, Mark, RankLog
-from .roofline import real_number
+from .roofline import RTOL, real_number
 
 STEPS, BATCH, LENGTH, LR = 5, 2, 8, 1e-3  # a rank's batch: 2 sequences of 8
 RELATIVE = 1e-6
@@ -112,22 +132,92 @@ def _shards_wrong(shards: object, sizes: list[int], world: int) -> str:
     return ""
 
 
-def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Shard the model with the learner's function and train it for len(x) steps; per
-    step, this rank's loss and the squared norm of its shards' gradients. What the grader
-    sees along the way goes into the rank's log as marks."""
-    from rooflab.kernels.fsdp import loss_fn
+def _freeze() -> list:
+    """Hand every object alive now to the garbage collector's permanent generation, which
+    ``live`` does not walk: torch, the harness and the inputs are the grader's, and a
+    walk of the objects made since costs milliseconds where one of a whole rank (torch
+    and its compiler loaded: 300,000 objects) costs most of a second. (Freezing splices
+    lists: it touches no object, so no page the rank shares with its launcher.)
 
-    dim, heads, layers, seed, prefetch = setup
-    model = make_model(dim, heads, layers, seed)
-    sizes = block_sizes(model)
-    shards = candidate(model, prefetch=True) if prefetch else candidate(model)
-    wrong = _shards_wrong(shards, sizes, dist.get_world_size())
-    if wrong or not all(any(True for _ in block.parameters()) for block in model.blocks):
-        record.mark("invalid", why=wrong or "a block has no parameters left: keep each "
-                    "block's parameters, as views of its gathered vector")
-        return torch.empty(0)
+    Returns a sentinel made just after: should the learner's code freeze objects too,
+    hiding what it made from ``live``, the sentinel is frozen with them and is no longer
+    among the objects the collector lists (``_frozen_again``). Thawing them instead
+    shows the grader's objects to ``live`` as the learner's: its own loss."""
+    gc.freeze()
+    return []
 
+
+def _frozen_again(sentinel: list) -> bool:
+    return not any(obj is sentinel for obj in gc.get_objects())
+
+
+_INSTALLED = tuple(str(Path(p).resolve()) for key in ("stdlib", "platstdlib", "purelib",
+                                                       "platlib")
+                   if (p := sysconfig.get_paths().get(key)))
+
+
+def _library(obj: object) -> bool:
+    """A module, class or function of an installed package or of the grader: none of the
+    learner's memory is in there."""
+    if isinstance(obj, types.ModuleType):
+        name = obj.__name__
+    elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+        name = getattr(obj, "__module__", None) or "builtins"
+    else:
+        return False
+    if name.startswith("rooflab.autograder"):
+        return True
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    return module is not None and (file is None or str(Path(file).resolve()).startswith(
+        _INSTALLED))
+
+
+def _learners_buffers(candidate: object) -> list[object]:
+    """The tensors (aliased), arrays and byte strings reachable from the learner's
+    function through anything but installed libraries: its globals, closure, defaults,
+    module, and the classes, instances and containers in them. Those made before
+    ``_freeze`` (its globals travel to the ranks with it, and are made there before the
+    grader's loop begins) are counted only through these: a list made now that holds
+    them is what ``live`` walks. (No limit on the walk: a learner who makes it long
+    spends the case's own time.) Not seen: an array or byte string made since and held
+    only by an object made before that the function does not reach (a dict of torch's)."""
+    found, seen, todo = [], set(), [candidate]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or _library(obj):
+            continue
+        seen.add(id(obj))
+        kind = type(obj)
+        if issubclass(kind, torch.Tensor):
+            found.append(obj.detach())
+        elif issubclass(kind, (np.ndarray, bytes, bytearray)):
+            found.append(obj)
+        else:
+            todo += gc.get_referents(obj)
+    return found
+
+
+def _account(candidate: object, sentinel: list, when: str) -> None:
+    """Note in the rank's log the bytes of every storage and buffer alive that the grader
+    did not hold before the learner's sharding ran: what the sharding keeps, and the
+    optimizer's state."""
+    if _frozen_again(sentinel):
+        record.mark("memory", when=when, frozen=True)
+        return
+    record.mark("memory", when=when, held=_live_with(_learners_buffers(candidate)))
+
+
+def _live_with(reachable: list[object]) -> int:
+    """The bytes ``live`` finds while ``reachable``, a list made now, holds what it holds:
+    each storage once, however many views and aliases."""
+    return live("cpu").bytes
+
+
+def _watch(model: torch.nn.Module, prefetch: bool) -> None:
+    """Marks in the rank's log as each block begins and ends its forward and its backward,
+    with how many blocks are whole: after the learner's hooks that gather, before those
+    that free or wait."""
     def whole_blocks() -> int:
         return sum(_whole(block) for block in model.blocks)
 
@@ -147,22 +237,61 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
             lambda module, args, index=index: record.mark("forward", block=index,
                                                           whole=whole_blocks()))
         block.register_forward_hook(
+            lambda module, args, output, index=index: record.mark("forward computed",
+                                                                  block=index),
+            prepend=True)  # before the learner's own: they free, or wait for a prefetch
+        block.register_forward_hook(
             lambda module, args, output, index=index: note_backward(output, index))
+        if prefetch and index > 0:
+            # Fires once the block has computed its input's gradient, the last thing its
+            # backward computes; before the learner's own such hooks, which may wait.
+            # (Block 0's input needs no gradient: its hook would fire as it begins.)
+            block.register_full_backward_hook(
+                lambda module, grad_input, grad_output, index=index: record.mark(
+                    "backward computed", block=index), prepend=True)
+
+
+def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Shard the model with the learner's function and train it for len(x) steps; per
+    step, this rank's loss and the squared norm of its shards' gradients. What the grader
+    sees along the way goes into the rank's log as marks: the memory the rank holds
+    before the first step and after each."""
+    from rooflab.kernels.fsdp import loss_fn
+
+    sentinel = _freeze()
+    dim, heads, layers, seed, prefetch = setup
+    model = make_model(dim, heads, layers, seed)
+    sizes = block_sizes(model)
+    shards = candidate(model, prefetch=True) if prefetch else candidate(model)
+    wrong = _shards_wrong(shards, sizes, dist.get_world_size())
+    if wrong or not all(any(True for _ in block.parameters()) for block in model.blocks):
+        record.mark("invalid", why=wrong or "a block has no parameters left: keep each "
+                    "block's parameters, as views of its gathered vector")
+        return torch.empty(0)
+    _watch(model, prefetch)
     optimizer = torch.optim.AdamW(shards, lr=LR)
     seen = []
+    _account(candidate, sentinel, "before the first step")
     for step in range(len(x)):
-        record.mark("step", step=step)
-        loss = loss_fn(model, x[step], y[step])
-        record.mark("backward", whole=whole_blocks())
-        loss.backward()
-        record.mark("optimizer", whole=whole_blocks())
-        square = sum(float(s.grad.double().square().sum()) for s in shards
-                     if s.grad is not None)
-        missing = sum(s.grad is None for s in shards)
-        seen.append([loss.item(), square, missing])
-        optimizer.step()
-        optimizer.zero_grad()
+        seen.append(_step(model, shards, optimizer, loss_fn, x[step], y[step], step))
+        _account(candidate, sentinel, f"after step {step}")
     return torch.tensor(seen, dtype=torch.float64)
+
+
+def _step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn,
+          x: torch.Tensor, y: torch.Tensor, step: int) -> list[float]:
+    """One training step, marked; this rank's loss, its shards' squared gradient norm, and
+    how many shards have no gradient. Nothing of it outlives the call but the numbers."""
+    record.mark("step", step=step)
+    loss = loss_fn(model, x, y)
+    record.mark("backward", whole=sum(_whole(block) for block in model.blocks))
+    loss.backward()
+    record.mark("optimizer", whole=sum(_whole(block) for block in model.blocks))
+    square = sum(float(s.grad.double().square().sum()) for s in shards if s.grad is not None)
+    missing = sum(s.grad is None for s in shards)
+    optimizer.step()
+    optimizer.zero_grad()
+    return [loss.item(), square, missing]
 
 
 # --- in the grader: the reference and the verdict ------------------------------------------------
@@ -175,7 +304,14 @@ def reference(setup: tuple, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> t
     from rooflab.kernels.fsdp import loss_fn
 
     dim, heads, layers, seed, _ = setup
-    model = make_model(dim, heads, layers, seed)
+    with one_cpu_thread():
+        return _trained(make_model(dim, heads, layers, seed), loss_fn, xs, ys)
+
+
+
+
+def _trained(model: torch.nn.Module, loss_fn, xs: list[torch.Tensor],
+             ys: list[torch.Tensor]) -> torch.Tensor:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     n, seen = len(xs), []
     for step in range(len(xs[0])):
@@ -246,76 +382,131 @@ def _named(calls: list[Call], ops: tuple[str, ...]) -> list[Call]:
     return [call for call in calls if call.op in ops]
 
 
+CONTRACT = ("a step makes one all-gather a block in forward, one all-gather and one "
+            "reduce-scatter a block in backward, and nothing else")
+
+
+def _others_cause(calls: list[Call], allowed: tuple[str, ...], phase: str) -> str:
+    """The calls of a phase that the contract does not list for it, named, or ""."""
+    others = [call for call in calls if call.op not in allowed]
+    if not others:
+        return ""
+    counts = Counter(call.op for call in others)
+    listed = ", ".join(f"{op} {count} times" if count > 1 else f"{op} once"
+                       for op, count in counts.items())
+    return f"{phase} called {listed} (the first: {others[0].describe()}): {CONTRACT}"
+
+
 def calls_cause(case: Case, log: RankLog, sizes: list[int], prefetch: bool) -> str:
     """Why rank ``log.rank``'s calls are not FSDP's, or ""."""
-    n, layers = world_size(case), len(sizes)
-    shard_elements = sorted(math.ceil(size / n) for size in sizes)
-    rank = f"rank {log.rank}"
     steps = [mark for mark in log.marks if mark.label == "step"]
+    waits = _first_waits(log) if prefetch else None
     for step, start in enumerate(steps):
-        marks = log.marks[log.marks.index(start):]
-        backward = next(m for m in marks if m.label == "backward")
-        optimizer = next(m for m in marks if m.label == "optimizer")
-        forward_calls = _between(log, start, backward)
-        backward_calls = _between(log, backward, optimizer)
-        where = f"{rank}, step {step}"
-        gathered = _named(forward_calls, ALL_GATHERS)
-        others = [c for c in forward_calls if c.op not in ALL_GATHERS and
-                  not c.is_point_to_point]
-        if others:
-            return f"{where}: forward called {others[0].op}: it needs only all-gathers"
-        if len(gathered) != layers:
-            return (f"{where}: forward made {len(gathered)} all-gathers for {layers} blocks: "
-                    "one a block, before its forward (and free it after)")
-        sizes_wrong = _sizes_cause(gathered, shard_elements, "the forward's all-gathers sent",
-                                   "each sends its block's shard")
-        if sizes_wrong:
-            return f"{where}: {sizes_wrong}"
-        whole_in_forward = [m for m in marks[:marks.index(backward)] if m.label == "forward"]
-        worst = max((m.data.get("whole", 0) for m in whole_in_forward), default=0)
-        if worst > 2:
-            return (f"{where}: {worst} blocks were whole at once in forward, at most two "
-                    "may be: free a block's gathered vector after its forward "
-                    "(untyped_storage().resize_(0))")
-        reduced = _named(backward_calls, REDUCE_SCATTERS)
-        regathered = _named(backward_calls, ALL_GATHERS)
-        all_reduced = _named(backward_calls, ("all_reduce",))
-        if all_reduced and not reduced:
-            return (f"{where}: backward all-reduced the gradients: each rank needs only the "
-                    "sum of its own slice, which a reduce-scatter gives for half the bytes")
-        if len(reduced) != layers:
-            return (f"{where}: backward made {len(reduced)} reduce-scatters for {layers} "
-                    "blocks: one a block, once its gradients are all there")
-        if len(regathered) != layers:
-            return (f"{where}: backward made {len(regathered)} all-gathers for {layers} "
-                    "blocks: each block's weights are freed after its forward, so its "
-                    "backward gathers them again")
-        sizes_wrong = _sizes_cause(
-            regathered, shard_elements, "the backward's all-gathers sent",
-            "each sends its block's shard") or _sizes_cause(
-            reduced, sorted(n * count for count in shard_elements),
-            "the reduce-scatters were handed", "each takes its block's whole padded gradient")
-        if sizes_wrong:
-            return f"{where}: {sizes_wrong}"
-        in_backward = [m for m in marks[:marks.index(optimizer)] if m.label == "backward block"]
-        worst = max((m.data.get("whole", 0) for m in in_backward), default=0)
-        if worst > 3:
-            return (f"{where}: {worst} blocks held whole weights or gradients at once in "
-                    "backward, at most three may: free each block once its gradients are "
-                    "reduce-scattered")
-        if optimizer.data.get("whole", 0):
-            return (f"{where}: {optimizer.data['whole']} blocks still held whole weights or "
-                    "gradients after backward: free both once a block's gradients are "
-                    "reduce-scattered")
-        if prefetch:
-            late = _not_prefetched(whole_in_forward[:-1], gathered, lambda b: b + 2,
-                                   lambda b: b + 1, "forward")
-            late = late or _not_prefetched(in_backward[:-1], regathered,
-                                           lambda b: layers - b + 1, lambda b: b - 1,
-                                           "backward")
-            if late:
-                return f"{where}: {late}"
+        following = steps[step + 1] if step + 1 < len(steps) else None
+        cause = _step_cause(case, log, sizes, waits, start, following)
+        if cause:
+            return f"rank {log.rank}, step {step}: {cause}"
     return ""
+
+
+@dataclass
+class _Step:
+    """One step of a rank's log, cut in phases at the grader's marks."""
+
+    marks: list[Mark]  # from the step's start to the next step's
+    forward: list[Call]
+    backward: list[Call]
+    after: list[Call]  # from the end of backward to the next step: the optimizer's step
+
+    def labelled(self, label: str, before: str | None = None) -> list[Mark]:
+        end = next((i for i, m in enumerate(self.marks) if m.label == before), None)
+        return [m for m in self.marks[:end] if m.label == label]
+
+
+def _cut(log: RankLog, start: Mark, following: Mark | None) -> _Step:
+    marks = log.marks[log.marks.index(start):]
+    if following is not None:
+        marks = marks[:marks.index(following)]
+    backward = next(m for m in marks if m.label == "backward")
+    optimizer = next(m for m in marks if m.label == "optimizer")
+    return _Step(marks, _between(log, start, backward), _between(log, backward, optimizer),
+                 _between(log, optimizer, following))
+
+
+def _step_cause(case: Case, log: RankLog, sizes: list[int], waits: dict[int, float] | None,
+                start: Mark, following: Mark | None) -> str:
+    """Why one step's calls are not FSDP's, or ""; with ``waits`` (when each prefetch was
+    first waited for), its prefetches judged too."""
+    step = _cut(log, start, following)
+    shards = sorted(math.ceil(size / world_size(case)) for size in sizes)
+    return (_forward_cause(step, shards) or _backward_cause(step, shards, world_size(case))
+            or (_prefetch_cause(step, len(sizes), waits) if waits is not None else ""))
+
+
+def _forward_cause(step: _Step, shards: list[int]) -> str:
+    gathered = _named(step.forward, ALL_GATHERS)
+    others = _others_cause(step.forward, ALL_GATHERS, "forward")
+    if others:
+        return others
+    if len(gathered) != len(shards):
+        return (f"forward made {len(gathered)} all-gathers for {len(shards)} blocks: one a "
+                "block, before its forward (and free it after)")
+    sizes_wrong = _sizes_cause(gathered, shards, "the forward's all-gathers sent",
+                               "each sends its block's shard")
+    if sizes_wrong:
+        return sizes_wrong
+    worst = max((m.data.get("whole", 0) for m in step.labelled("forward", "backward")),
+                default=0)
+    if worst > 2:
+        return (f"{worst} blocks were whole at once in forward, at most two may be: free "
+                "a block's gathered vector after its forward (untyped_storage().resize_(0))")
+    return ""
+
+
+def _backward_cause(step: _Step, shards: list[int], n: int) -> str:
+    reduced = _named(step.backward, REDUCE_SCATTERS)
+    regathered = _named(step.backward, ALL_GATHERS)
+    if _named(step.backward, ("all_reduce",)) and not reduced:
+        return ("backward all-reduced the gradients: each rank needs only the sum of its "
+                "own slice, which a reduce-scatter gives for half the bytes")
+    others = _others_cause(step.backward, ALL_GATHERS + REDUCE_SCATTERS, "backward") or \
+        _others_cause(step.after, (), "the optimizer's step")
+    if others:
+        return others
+    if len(reduced) != len(shards):
+        return (f"backward made {len(reduced)} reduce-scatters for {len(shards)} blocks: "
+                "one a block, once its gradients are all there")
+    if len(regathered) != len(shards):
+        return (f"backward made {len(regathered)} all-gathers for {len(shards)} blocks: "
+                "each block's weights are freed after its forward, so its backward gathers "
+                "them again")
+    sizes_wrong = _sizes_cause(
+        regathered, shards, "the backward's all-gathers sent",
+        "each sends its block's shard") or _sizes_cause(
+        reduced, [n * count for count in shards], "the reduce-scatters were handed",
+        "each takes its block's whole padded gradient")
+    if sizes_wrong:
+        return sizes_wrong
+    worst = max((m.data.get("whole", 0)
+                 for m in step.labelled("backward block", "optimizer")), default=0)
+    if worst > 3:
+        return (f"{worst} blocks held whole weights or gradients at once in backward, at "
+                "most three may: free each block once its gradients are reduce-scattered")
+    whole = step.labelled("optimizer")[0].data.get("whole", 0)
+    if whole:
+        return (f"{whole} blocks still held whole weights or gradients after backward: "
+                "free both once a block's gradients are reduce-scattered")
+    return ""
+
+
+def _prefetch_cause(step: _Step, layers: int, waits: dict[int, float]) -> str:
+    late = _not_prefetched(step.labelled("forward", "backward")[:-1],
+                           step.labelled("forward computed"), _named(step.forward, ALL_GATHERS),
+                           waits, lambda b: b + 2, lambda b: b + 1, "forward")
+    return late or _not_prefetched(step.labelled("backward block", "optimizer")[:-1],
+                                   step.labelled("backward computed"),
+                                   _named(step.backward, ALL_GATHERS), waits,
+                                   lambda b: layers - b + 1, lambda b: b - 1, "backward")
 
 
 def _sizes_cause(calls: list[Call], want: list[int], what: str, rule: str) -> str:
@@ -325,21 +516,101 @@ def _sizes_cause(calls: list[Call], want: list[int], what: str, rule: str) -> st
     return f"{what} {[call.elements for call in calls]} elements; {rule}, {want}"
 
 
-def _not_prefetched(marks: list[Mark], gathers: list[Call], needed, next_block,
-                    phase: str) -> str:
-    """Whether, as each block began its ``phase``, the next block's all-gather was already
-    issued asynchronously: ``needed(block)`` gathers by then, the last not blocking."""
-    for mark in marks:
-        block = mark.data["block"]
+def _first_waits(log: RankLog) -> dict[int, float]:
+    """When each request's first wait() returned, by call: ``Call.ended`` is its last,
+    and a second wait() after the block computed would hide a first one before."""
+    first: dict[int, float] = {}
+    for line in log.text.split("\n"):
+        try:
+            event = json.loads(line)
+        except ValueError:  # a torn last line, or the empty string after the last newline
+            continue
+        if isinstance(event, dict) and event.get("e") == "waited":
+            for seq in event.get("seqs", ()):
+                first.setdefault(seq, event.get("t"))
+    return first
+
+
+def _not_prefetched(begun: list[Mark], computed: list[Mark], gathers: list[Call],
+                    waits: dict[int, float], needed: Callable[[int], int],
+                    next_block: Callable[[int], int], phase: str) -> str:
+    """Whether the next block's all-gather overlapped each block's ``phase``: issued
+    asynchronously before the block began to compute (``needed(block)`` gathers by then,
+    the next block's the last of them), and first waited for once it had computed."""
+    done = {mark.data["block"]: mark for mark in computed}
+    for mark in begun:
+        block, coming = mark.data["block"], next_block(mark.data["block"])
         issued = [c for c in gathers if c.seq < mark.calls]
-        if len(issued) < needed(block) or issued[-1].blocking:
-            return (f"when block {block} began its {phase}, block {next_block(block)}'s "
-                    "all-gather had not been issued asynchronously (async_op=True): issue "
-                    "it before this block computes, wait for it before the next")
+        if len(issued) < needed(block) or gathers[needed(block) - 1].blocking:
+            return (f"when block {block} began its {phase}, block {coming}'s all-gather had "
+                    "not been issued asynchronously (async_op=True): issue it before this "
+                    "block computes, wait for it before the next")
+        gather, end = gathers[needed(block) - 1], done.get(block)
+        waited = waits.get(gather.seq)
+        if end is None:  # the grader's own hook did not fire: nothing to judge it by
+            return (f"block {block}'s {phase} never ended where the grader could see it: "
+                    "keep the block a module called on its input")
+        if waited is None:
+            return (f"block {coming}'s all-gather, issued as block {block} began its "
+                    f"{phase}, was never waited for: call wait() on its handle before block "
+                    f"{coming} computes")
+        if waited < end.at:
+            return (f"block {coming}'s all-gather overlapped nothing: issued as block "
+                    f"{block} began its {phase}, it was waited for "
+                    f"{(waited - gather.started) * 1e3:.2f} ms later, "
+                    f"{(end.at - waited) * 1e3:.2f} ms before block {block} had computed. "
+                    f"Wait for it when block {coming} begins, not in the hook that issues it")
     return ""
 
 
-def _grade(prefetch: bool):
+# --- memory between steps: what the contract allows a rank ---------------------------------------
+
+SLACK_BLOCKS = 1  # gathered blocks a rank may hold beyond its shards; twice that with prefetch
+
+
+def memory_bound(sizes: list[int], world: int, element_bytes: int, prefetch: bool,
+                 slack_blocks: int = SLACK_BLOCKS) -> dict[str, int]:
+    """Bytes one rank may hold between steps, by what for: its shard of each block's
+    parameters, of their gradients, AdamW's two moments and step count for each shard,
+    and whole gathered blocks of slack (the largest block, padded)."""
+    shards = [math.ceil(size / world) * element_bytes for size in sizes]
+    return {"parameters": sum(shards), "gradients": sum(shards),
+            "optimizer": sum(2 * shard + element_bytes for shard in shards),
+            "slack": slack_blocks * (2 if prefetch else 1) * world * max(shards)}
+
+
+def memory_cause(log: RankLog, bound: dict[str, int], steps: int) -> str:
+    """Why rank ``log.rank`` held more than ``bound`` between steps, or ""."""
+    marks = [mark for mark in log.marks if mark.label == "memory"]
+    if len(marks) != steps + 1:
+        return (f"rank {log.rank}: the grader measured its memory {len(marks)} times, not "
+                f"{steps + 1} (before the first step and after each): its training loop "
+                "did not run as written")
+    allowed = sum(bound.values())
+    for mark in marks:
+        where = f"rank {log.rank}, {mark.data.get('when', 'between steps')}"
+        if "frozen" in mark.data:
+            return (f"{where}: objects were frozen (gc.freeze), out of the garbage "
+                    "collector's sight and the grader's: leave the collector's generations "
+                    "alone")
+        held = mark.data.get("held")
+        if not isinstance(held, int):
+            return f"{where}: the grader's measurement of the rank's memory is missing"
+        if held > allowed:
+            return (f"{where}: the rank held {held:,} B beyond the grader's own, "
+                    f"{held - allowed:,} B over the {allowed:,} B one rank may hold between "
+                    f"steps (its shard of the parameters {bound['parameters']:,} B, of "
+                    f"their gradients {bound['gradients']:,} B, AdamW's state "
+                    f"{bound['optimizer']:,} B, and {bound['slack']:,} B of slack for "
+                    "gathered blocks). Between steps nothing whole may stay: no gathered "
+                    "vector, no full-size gradient buffer, no autograd graph that saved "
+                    "them")
+    return ""
+
+
+def _grade(prefetch: bool, slack_blocks: int = SLACK_BLOCKS):
+    """The verdict on a case of fsdp/zero3 (fsdp/prefetch with ``prefetch``); memory
+    judged with ``slack_blocks`` gathered blocks of slack (twice that with prefetch)."""
     def grade(case: Case, inputs: list[tuple], outputs: list[object],
               logs: list[RankLog]) -> CaseResult:
         n = world_size(case)
@@ -363,9 +634,16 @@ def _grade(prefetch: bool):
         seen = Comparison(not wrong, rel_error=error[0], cause=wrong)
         if wrong:
             return CaseResult(case, seen)
-        sizes = block_sizes(make_model(*setup[:4]))
+        model = make_model(*setup[:4])
+        sizes = block_sizes(model)
+        bound = memory_bound(sizes, n, next(model.parameters()).element_size(), prefetch,
+                             slack_blocks)
         for log in logs:
             cause = calls_cause(case, log, sizes, prefetch)
+            if cause:
+                return CaseResult(case, seen, error=cause)
+        for log in logs:
+            cause = memory_cause(log, bound, len(want))
             if cause:
                 return CaseResult(case, seen, error=cause)
         return CaseResult(case, seen)
@@ -427,21 +705,38 @@ def _plan_case(params: float, nodes: int, gpus: int, hybrid: bool, note: str = "
                  "hybrid": int(hybrid)}, torch.float64, note=note)
 
 
+DRAWN = "sizes drawn from the seed"
+
+
+def _drawn_plan_case(hybrid: bool) -> Case:
+    """A case whose sizes ``_plan_inputs`` draws from the check's seed: no table of the
+    named cases' answers passes it."""
+    return Case({"hybrid": int(hybrid)}, torch.float64, note=DRAWN)
+
+
+# The named cases show the classic slips (HSDP held as if sharded over every GPU, a flat
+# ring over the network, one node sending nothing over it); the drawn ones, any sizes.
 PLAN_CASES = [
     _plan_case(8e9, 8, 8, False, note="FSDP over 64 GPUs"),
     _plan_case(8e9, 8, 8, True, note="HSDP: 8 replicas of 8-way sharding"),
     _plan_case(70e9, 1, 8, False, note="one node"),
     _plan_case(70e9, 1, 8, True, note="one node"),
-    _plan_case(405e9, 16, 8, True),
-    _plan_case(1.3e9, 4, 4, False),
-    _plan_case(1.3e9, 4, 4, True),
+    _drawn_plan_case(False),
+    _drawn_plan_case(True),
 ]
 
 
 def _plan_inputs(case: Case, generator: torch.Generator, device: torch.device) -> tuple:
     sizes = case.sizes
-    return (float(sizes["params"]), sizes["nodes"], sizes["gpus_per_node"],
-            bool(sizes["hybrid"]))
+    if "params" in sizes:
+        return (float(sizes["params"]), sizes["nodes"], sizes["gpus_per_node"],
+                bool(sizes["hybrid"]))
+    # Ψ from 10⁸ to 10¹² (any integer), 2 to 48 nodes of 2 to 8 GPUs: every count of
+    # parameters, nodes and GPUs that does not divide evenly.
+    exponent = 8 + 4 * float(torch.rand((), generator=generator, dtype=torch.float64))
+    nodes = int(torch.randint(2, 49, (), generator=generator))
+    gpus = int(torch.randint(2, 9, (), generator=generator))
+    return float(round(10 ** exponent)), nodes, gpus, bool(sizes["hybrid"])
 
 
 def _plan_reference(params: float, nodes: int, gpus_per_node: int, hybrid: bool) -> dict:
@@ -459,6 +754,21 @@ def _plan_reference(params: float, nodes: int, gpus_per_node: int, hybrid: bool)
             "hybrid": hybrid}
 
 
+def _close(got: float, want: float) -> bool:
+    """Lab 00's rule for a count: right to RTOL relative (an answer held in float32 is
+    right to about 6e-8; a wrong formula is off by a factor)."""
+    return abs(got - want) <= RTOL * max(abs(want), 1)
+
+
+def _told_apart(got: float, want: float) -> tuple[str, str]:
+    """Both numbers with as many significant digits as it takes to show they differ."""
+    for digits in range(6, 18):
+        shown = f"{got:.{digits}g}", f"{want:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(got), repr(want)
+
+
 def compare_plan(output: object, reference: dict) -> str:
     want = reference["want"]
     if not isinstance(output, (tuple, list)) or len(output) != 3:
@@ -466,32 +776,34 @@ def compare_plan(output: object, reference: dict) -> str:
     got = [real_number(value) for value in output]
     if any(value is None for value in got):
         return f"return three numbers ({', '.join(PLAN_FIELDS)}); got {output!r}"
-    wrong = [i for i in range(3) if not math.isclose(got[i], want[i], rel_tol=1e-9,
-                                                     abs_tol=1e-6)]
+    wrong = [i for i in range(3) if not _close(got[i], want[i])]
     if not wrong:
         return ""
-    shown = "; ".join(f"{PLAN_FIELDS[i]} {got[i]:.6g}, expected {want[i]:.6g}" for i in wrong)
-    return shown + _plan_cause(got, reference, wrong)
+    shown = "; ".join("{} {}, expected {}".format(PLAN_FIELDS[i], *_told_apart(got[i], want[i]))
+                      for i in wrong)
+    setting = (f"for Ψ = {reference['params']:,.0f} on {reference['nodes']} nodes of "
+               f"{reference['gpus_per_node']} GPUs, {'HSDP' if reference['hybrid'] else 'FSDP'}: ")
+    return setting + shown + _plan_cause(got, reference, wrong)
 
 
 def _plan_cause(got: list[float], reference: dict, wrong: list[int]) -> str:
     params, nodes, g = reference["params"], reference["nodes"], reference["gpus_per_node"]
     gpus = nodes * g
     if 0 in wrong:
-        if reference["hybrid"] and math.isclose(got[0], 16 * params / gpus, rel_tol=1e-9):
+        if reference["hybrid"] and math.isclose(got[0], 16 * params / gpus, rel_tol=RTOL):
             return (": HSDP shards only within a node and keeps a replica on every node, "
                     "so a GPU holds 16Ψ/g, not 16Ψ/G")
         for per, what in ((12, "without the bf16 weight and gradient"),
                           (8, "fp32 moments only"), (4, "the fp32 weight only")):
-            if any(math.isclose(got[0], per * params / k, rel_tol=1e-9) for k in (g, gpus)):
+            if any(math.isclose(got[0], per * params / k, rel_tol=RTOL) for k in (g, gpus)):
                 return (f": that is {per} bytes a parameter ({what}); mixed-precision Adam "
                         "holds 16: bf16 weight and gradient, fp32 master weight, m and v")
     if 2 in wrong and reference["hybrid"] and math.isclose(
-            got[2], 2 * (nodes - 1) / nodes * 2 * params, rel_tol=1e-9):
+            got[2], 2 * (nodes - 1) / nodes * 2 * params, rel_tol=RTOL):
         return (": each GPU all-reduces only its gradient shard across nodes, 2Ψ/g bytes, "
                 "not the whole gradient")
     if 2 in wrong and not reference["hybrid"] and math.isclose(
-            got[2], 3 * (gpus - 1) / gpus * 2 * params, rel_tol=1e-9):
+            got[2], 3 * (gpus - 1) / gpus * 2 * params, rel_tol=RTOL):
         return (": that is every byte of a flat ring over all GPUs. Across nodes the "
                 "collectives run in two levels: only the GPUs of one local rank exchange "
                 "over the network, each 1/g of the data, (n − 1)/n of it")

@@ -3,9 +3,6 @@ exercise's work on the host, and the checks that the kernels moved every byte.""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 
 from .. import traced
@@ -18,16 +15,6 @@ E4M3 = torch.float8_e4m3fn
 CASTS = frozenset({"_to_copy", "to", "copy_"})
 
 
-@contextlib.contextmanager
-def one_cpu_thread() -> Iterator[None]:
-    """Run tiny models on one CPU thread: at this size torch's thread pool costs more than
-    it saves (many times more on a machine whose cores are busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def hex_bits(value: int, digits: int) -> str:

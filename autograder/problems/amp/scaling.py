@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...device import one_cpu_thread
 from ...evidence.recording import paused
 from ...problem import Case, Cost, Problem, dtype_name, register
 from ..roofline import real_number
-from .common import BF16, F16, F32, one_cpu_thread
+from .common import BF16, F16, F32
 
 # === amp/loss_scaler ==========================================================================
 
