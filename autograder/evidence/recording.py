@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from ..device.cuda import CudaKernel
 from . import grader_calls, guard, poison
@@ -106,35 +106,32 @@ class _AtenRecorder(TorchDispatchMode):
         return out
 
 
-class _ThreadRecorder(TorchDispatchMode):
-    """The ops of a thread started while a candidate runs. Dispatch modes belong to one
-    thread, so without this, torch work handed to a new thread would go unseen; none of
-    it is host code around a kernel, so each op counts as a library call."""
-
-    def __init__(self, ops: Counter[str]) -> None:
-        super().__init__()
-        self.ops = ops
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        self.ops[f"{func.overloadpacket.__name__} (in a thread started during the check)"] += 1
-        return func(*args, **(kwargs or {}))
-
-
 @contextlib.contextmanager
-def _new_threads_recorded(ops: Counter[str]) -> Iterator[None]:
-    """Record the ops of every ``threading`` thread started meanwhile, for its whole life.
-    (Threads started earlier, the learner's, are named by ``grader_calls``.)"""
-    original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+def new_threads_watched() -> Iterator[None]:
+    """Every ``threading`` thread started meanwhile runs, for its whole life, under the
+    dispatch modes of the thread that started it. A dispatch mode belongs to one thread:
+    without this, torch work handed to a new thread would go unseen by the recorder and
+    by any watch of a problem's own. (Threads started earlier are named instead, by
+    ``grader_calls.threads_of_its_own``.)"""
+    start, bootstrap = threading.Thread.start, threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
-    def bootstrap(thread: threading.Thread) -> None:
-        with _ThreadRecorder(ops):
-            original(thread)
+    def started(thread: threading.Thread) -> None:
+        thread._rooflab_modes = list(_get_current_dispatch_mode_stack())  # type: ignore[attr-defined]
+        start(thread)
 
-    threading.Thread._bootstrap_inner = bootstrap  # type: ignore[attr-defined]
+    def bootstrapped(thread: threading.Thread) -> None:
+        with contextlib.ExitStack() as modes:
+            for mode in getattr(thread, "_rooflab_modes", ()):
+                modes.enter_context(mode)
+            bootstrap(thread)
+
+    threading.Thread.start = started  # type: ignore[method-assign]
+    threading.Thread._bootstrap_inner = bootstrapped  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        threading.Thread._bootstrap_inner = original  # type: ignore[attr-defined]
+        threading.Thread.start = start  # type: ignore[method-assign]
+        threading.Thread._bootstrap_inner = bootstrap  # type: ignore[attr-defined]
 
 
 def _made_by_learner(launch: FrameType) -> bool:
@@ -299,7 +296,7 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
         autotuner.run = tune
     _active.append((recording, mode))
     try:
-        with mode, _cuda_launches_noted(), _new_threads_recorded(mode.ops):
+        with mode, _cuda_launches_noted(), new_threads_watched():
             yield recording
     finally:
         _active.pop()
