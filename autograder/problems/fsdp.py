@@ -56,7 +56,7 @@ from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
 from ..ranks.record import Call, Mark, RankLog
-from .roofline import RTOL, real_number
+from .roofline import RTOL, close_count, real_number, told_apart
 
 STEPS, BATCH, LENGTH, LR = 5, 2, 8, 1e-3  # a rank's batch: 2 sequences of 8
 RELATIVE = 1e-6
@@ -754,21 +754,6 @@ def _plan_reference(params: float, nodes: int, gpus_per_node: int, hybrid: bool)
             "hybrid": hybrid}
 
 
-def _close(got: float, want: float) -> bool:
-    """Lab 00's rule for a count: right to RTOL relative (an answer held in float32 is
-    right to about 6e-8; a wrong formula is off by a factor)."""
-    return abs(got - want) <= RTOL * max(abs(want), 1)
-
-
-def _told_apart(got: float, want: float) -> tuple[str, str]:
-    """Both numbers with as many significant digits as it takes to show they differ."""
-    for digits in range(6, 18):
-        shown = f"{got:.{digits}g}", f"{want:.{digits}g}"
-        if shown[0] != shown[1]:
-            return shown
-    return repr(got), repr(want)
-
-
 def compare_plan(output: object, reference: dict) -> str:
     want = reference["want"]
     if not isinstance(output, (tuple, list)) or len(output) != 3:
@@ -776,10 +761,10 @@ def compare_plan(output: object, reference: dict) -> str:
     got = [real_number(value) for value in output]
     if any(value is None for value in got):
         return f"return three numbers ({', '.join(PLAN_FIELDS)}); got {output!r}"
-    wrong = [i for i in range(3) if not _close(got[i], want[i])]
+    wrong = [i for i in range(3) if not close_count(got[i], want[i])]
     if not wrong:
         return ""
-    shown = "; ".join("{} {}, expected {}".format(PLAN_FIELDS[i], *_told_apart(got[i], want[i]))
+    shown = "; ".join("{} {}, expected {}".format(PLAN_FIELDS[i], *told_apart(got[i], want[i]))
                       for i in wrong)
     setting = (f"for Ψ = {reference['params']:,.0f} on {reference['nodes']} nodes of "
                f"{reference['gpus_per_node']} GPUs, {'HSDP' if reference['hybrid'] else 'FSDP'}: ")

@@ -50,6 +50,23 @@ def _show(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:,.6g}"
 
 
+def close_count(got: float, want: float) -> bool:
+    """Lab 00's rule for a count: right to RTOL relative (an answer held in float32 is
+    right to about 6e-8; a wrong formula is off by a factor)."""
+    return abs(got - want) <= RTOL * max(abs(want), 1)
+
+
+def told_apart(got: float, want: float) -> tuple[str, str]:
+    """Both numbers, with as many digits as it takes to show that they differ."""
+    if float(got).is_integer() and float(want).is_integer():
+        return _show(got), _show(want)
+    for digits in range(6, 18):
+        shown = f"{got:,.{digits}g}", f"{want:,.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(got), repr(want)
+
+
 # --- counting ---------------------------------------------------------------------------
 
 # The note of a case whose sizes are drawn from the check's seed: a table of the answers to
@@ -101,8 +118,8 @@ def _same_numbers(names: tuple[str, ...]):
             value, problem = _number_problem(name, g)
             if problem:
                 wrong.append(problem)
-            elif abs(value - w) > RTOL * max(abs(w), 1):
-                wrong.append(f"{name}: got {_show(value)}, expected {_show(w)}")
+            elif not close_count(value, w):
+                wrong.append("{}: got {}, expected {}".format(name, *told_apart(value, w)))
         given = getattr(want, "given", "")
         return f"for {given}: " + "; ".join(wrong) if wrong and given else "; ".join(wrong)
 
@@ -221,7 +238,7 @@ def _compare_floor(got: object, want: tuple) -> str:
     value, problem = _number_problem("seconds", seconds)
     problems = [problem] if problem else []
     if not problem and abs(value - want[0]) > RTOL * want[0]:
-        problems.append(f"seconds: got {value:.4g}, expected {want[0]:.4g}")
+        problems.append("seconds: got {}, expected {}".format(*told_apart(value, want[0])))
     if bound != want[1]:
         problems.append(f"bound: got {bound!r}, expected {want[1]!r}")
     given = getattr(want, "given", "")
