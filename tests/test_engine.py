@@ -337,17 +337,6 @@ def test_exception_points_at_the_learners_line_not_tritons():
     assert "triton/" not in summary
 
 
-@pytest.mark.cpu("graded from the interpreter's trace")
-def test_grouped_order_is_graded_on_the_order_of_its_programs():
-    from rooflab.kernels.matmul import matmul, matmul_grouped
-
-    grouped = grade(matmul_grouped, problem="matmul/grouped")
-    assert grouped.passed, grouped.message()
-    row_major = grade(matmul, problem="matmul/grouped")  # right answer, group_m=1
-    assert not row_major.passed
-    assert "row-major order (64 × 6 tiles of C at m=4096 n=384 k=32" in row_major.causes[0]
-
-
 @pytest.mark.cpu("two programs storing one element is read from the trace")
 def test_a_transpose_that_forgets_to_swap_is_told_so_not_called_a_race():
     result = grade(bk.transpose_forgets_to_swap, problem="coalescing/transpose")

@@ -348,7 +348,7 @@ def check(
             result.outputs[index] = _copy_of(output)
         if launches and (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
             traced = (case, launches)
-        if launches and judged.ok:
+        if launches and judged.ok and not again:  # a case run twice is one finding
             for finding in _tile_findings(spec, case, launches):
                 tile_findings.setdefault(finding, []).append(case.label)
         if judged.ok and _replayable(spec, output, steps, recording):
