@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..device.cuda import CudaKernel
 from . import grader_calls, guard, poison
@@ -116,7 +116,9 @@ def new_threads_watched() -> Iterator[None]:
     start, bootstrap = threading.Thread.start, threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
     def started(thread: threading.Thread) -> None:
-        thread._rooflab_modes = list(_get_current_dispatch_mode_stack())  # type: ignore[attr-defined]
+        # torch has no public way to read the stack of modes (this one is in 2.0 and later).
+        modes = torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+        thread._rooflab_modes = list(modes)  # type: ignore[attr-defined]
         start(thread)
 
     def bootstrapped(thread: threading.Thread) -> None:

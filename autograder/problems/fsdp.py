@@ -242,7 +242,7 @@ def _watch(model: torch.nn.Module, prefetch: bool) -> None:
             prepend=True)  # before the learner's own: they free, or wait for a prefetch
         block.register_forward_hook(
             lambda module, args, output, index=index: note_backward(output, index))
-        if prefetch and index > 0:
+        if prefetch and index != 0:
             # Fires once the block has computed its input's gradient, the last thing its
             # backward computes; before the learner's own such hooks, which may wait.
             # (Block 0's input needs no gradient: its hook would fire as it begins.)
