@@ -84,23 +84,31 @@ def _scaler_kwargs(init_scale, growth_factor, backoff_factor, growth_interval) -
 LR, WEIGHT_DECAY = 1.0, 0.1
 
 
-class _WatchedSGD(torch.optim.SGD):
-    """SGD that notes, at each step, the gradients it steps with (what the scaler left in
-    ``.grad``), its learning rate and its weight decay."""
+class _WatchedSGD:
+    """SGD of rate LR with weight decay, as ``torch.optim.SGD`` steps (the decay added to
+    the gradient), noting at each step the gradients it steps with (what the scaler left
+    in ``.grad``), its learning rate and its weight decay. A plain class with what a
+    scaler uses of an optimizer (``param_groups``, ``step``, ``zero_grad``): torch.optim's
+    own machinery (hooks, profiling, foreach dispatch) costs far more than a step of six
+    numbers, and a check takes thousands of steps while every Python call is watched."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
-        super().__init__(params, lr=LR, weight_decay=WEIGHT_DECAY)
-        self.seen: list[list[float]] = []
-        # A hook, not an override of step: torch wraps an optimizer class's step, and a
-        # method of an object handed to the candidate is one it may call.
-        self.register_step_pre_hook(self._note)
+        self.param_groups = [{"params": list(params), "lr": LR, "weight_decay": WEIGHT_DECAY}]
+        self.state: dict = {}
+        self.seen: list[tuple] = []
 
-    def _note(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        # Copies only: made into numbers after the last step (this runs in every step).
-        with paused():
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_groups[0]["params"]:
+            p.grad = None if set_to_none else p.grad.zero_() if p.grad is not None else None
+
+    def step(self, closure: Callable | None = None) -> None:
+        with paused(), torch.no_grad():
             group = self.param_groups[0]
             self.seen.append(([p.grad.detach().clone() if p.grad is not None else None
                                for p in group["params"]], group["lr"], group["weight_decay"]))
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.add(p, alpha=group["weight_decay"]), alpha=-group["lr"])
 
     def stepped_with(self, first: int, last: int) -> list[float]:
         """What the last step among steps ``first`` to ``last`` (not included) stepped
