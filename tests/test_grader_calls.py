@@ -9,13 +9,17 @@ ways, which call only what they were handed, pass."""
 import concurrent.futures
 import functools
 import statistics
+import sys
 import threading
 import time
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from rooflab.autograder import check, get_problem
+from rooflab.autograder.checking.engine import new_seed
 from rooflab.autograder.evidence import grader_calls
 from rooflab.autograder.evidence.recording import paused
 from rooflab.autograder.problems.roofline import SimulatedGPU
@@ -296,3 +300,35 @@ def test_a_timers_answers_are_checked_outside_too(tmp_path, capsys):
         save({i: 2.0 for i in range(3)}, tmp_path / "slow.pt")  # far too slow, every case
         assert "set to take" in recheck(spec, tmp_path / "slow.pt", seed)
     assert grade("roofline/timer", measure).passed
+
+
+# --- inside a kernel launch, the lighter watch ------------------------------------------------
+
+@triton.jit
+def _peeks_at_the_grader(x_ptr):
+    new_seed()  # run as Python by the interpreter: a call of the grader's closed code
+    tl.store(x_ptr, 1.0)
+
+
+@triton.jit
+def _leaves_the_watch(x_ptr):
+    sys.setprofile(None)
+    tl.store(x_ptr, 1.0)
+
+
+@pytest.mark.cpu("a kernel body is Python only in the interpreter")
+@pytest.mark.parametrize("kernel, words", [
+    (_peeks_at_the_grader, "calls the grader's own rooflab.autograder.checking.engine.new_seed"),
+    (_leaves_the_watch, "ran out of the grader's watch (sys.setprofile)"),
+])
+def test_a_kernel_body_is_watched_during_its_launch(kernel, words):
+    from mutants import only
+
+    from rooflab.kernels import kmeans
+
+    def fit(x, k, seed, init=None):
+        kernel[(1,)](torch.zeros(1, device=x.device))
+        return kmeans.fit(x, k, seed, init)
+
+    result = check(only("kmeans/fit", "k = 1"), fit, show=False, raise_on_failure=False)
+    assert result.failed and words in result.causes[0], result.causes

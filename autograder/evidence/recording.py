@@ -277,7 +277,8 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
             mode.launch_depth += 1
             mode.launch_frames.append(sys._getframe())
             try:
-                return original(self, *args, **kwargs)
+                with grader_calls.inside_a_launch() if top else contextlib.nullcontext():
+                    return original(self, *args, **kwargs)
             finally:
                 mode.launch_depth -= 1
                 mode.launch_frames.pop()
