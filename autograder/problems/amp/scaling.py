@@ -98,17 +98,19 @@ class _WatchedSGD:
         self.seen: list[tuple] = []
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.param_groups[0]["params"]:
-            p.grad = None if set_to_none else p.grad.zero_() if p.grad is not None else None
+        for weight in self.param_groups[0]["params"]:
+            if weight.grad is not None:
+                weight.grad = None if set_to_none else weight.grad.zero_()
 
     def step(self, closure: Callable | None = None) -> None:
         with paused(), torch.no_grad():
             group = self.param_groups[0]
-            self.seen.append(([p.grad.detach().clone() if p.grad is not None else None
-                               for p in group["params"]], group["lr"], group["weight_decay"]))
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(p.grad.add(p, alpha=group["weight_decay"]), alpha=-group["lr"])
+            weights, rate, decay = group["params"], group["lr"], group["weight_decay"]
+            self.seen.append(([w.grad.detach().clone() if w.grad is not None else None
+                               for w in weights], rate, decay))
+            for weight in weights:
+                if weight.grad is not None:
+                    weight.add_(weight.grad.add(weight, alpha=decay), alpha=-rate)
 
     def stepped_with(self, first: int, last: int) -> list[float]:
         """What the last step among steps ``first`` to ``last`` (not included) stepped
