@@ -158,6 +158,20 @@ def test_an_honest_timer_passes_every_seed_and_in_any_number_type():
     assert as_tensor.passed, as_tensor.message()
 
 
+def held_up_after_launch(launch, synchronize):
+    """A right timer on a host that stalls between launch and synchronize (descheduled, or
+    waiting for the GIL): the kernel is done before synchronize is called."""
+    return honest(lambda: (launch(), time.sleep(4e-3)), synchronize)
+
+
+@pytest.mark.cpu("the stand-in GPU")
+def test_a_timer_held_up_between_launch_and_synchronize_is_right():
+    # It measures the stall with the kernel, and so must the answer it is compared with.
+    for seed in range(3):
+        result = grade("roofline/timer", held_up_after_launch, seed=seed)
+        assert result.passed, (seed, result.message())
+
+
 @pytest.mark.cpu("the stand-in GPU")
 def test_an_honest_timer_passes_on_a_busy_host():
     # Two spinning processes per core: every thread of the check waits its turn.

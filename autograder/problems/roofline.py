@@ -276,10 +276,11 @@ class SimulatedGPU:
     (another process sharing the card, a clock change). ``synchronize()``
     waits for everything queued, as ``torch.cuda.synchronize()`` does.
 
-    It also notes what each warm run really cost, as an honest timer sees it: the time
-    the stream was busy with the kernel, plus the time ``synchronize()`` took to wake up
-    once the kernel was done. On a loaded host ``time.sleep`` overshoots and threads wake
-    late; a right timer sees both, so the answer it is compared with must too.
+    It also notes what each warm run really cost, as an honest timer sees it: from the
+    launch to the return of the ``synchronize()`` that waited for it alone. On a loaded
+    host ``time.sleep`` overshoots, threads wake late and the caller may wait for the GIL
+    between its launch and its synchronize; a right timer sees all of it, so the answer it
+    is compared with must too.
     """
 
     def __init__(self, kernel_s: float = 2e-3, compile_s: float = 60e-3, cold_runs: int = 4,
@@ -289,7 +290,7 @@ class SimulatedGPU:
         self.slow_every, self.slow_s = slow_every, slow_s
         self.launches = 0
         self._work: queue.Queue[tuple[float, float, str]] = queue.Queue()
-        self._finished: list[tuple[str, float, float]] = []  # (kind, busy_s, done_at)
+        self._finished: list[tuple[str, float, float]] = []  # (kind, busy_s, queued_at)
         self._synchronized = 0  # how many of _finished the last synchronize() had seen
         self._runs_s: list[float] = []  # warm runs, each synchronised on its own
         threading.Thread(target=self._run, daemon=True).start()
@@ -302,7 +303,7 @@ class SimulatedGPU:
             done = time.perf_counter()
             # Busy from when the stream could start it: when queued, or when the one
             # before it finished.
-            self._finished.append((kind, done - max(queued_at, last_done), done))
+            self._finished.append((kind, done - max(queued_at, last_done), queued_at))
             last_done = done
             self._work.task_done()
 
@@ -318,14 +319,13 @@ class SimulatedGPU:
         self._work.put((seconds, time.perf_counter(), kind))
 
     def synchronize(self) -> None:
-        called = time.perf_counter()
         self._work.join()
         returned = time.perf_counter()
         new = self._finished[self._synchronized:]
         self._synchronized = len(self._finished)
         if len(new) == 1 and new[0][0] in ("steady", "slow"):  # one warm run on its own
-            _, busy, done = new[0]
-            self._runs_s.append(busy + returned - max(done, called))
+            _, _, queued_at = new[0]
+            self._runs_s.append(returned - queued_at)
 
     def one_run_s(self) -> float:
         """What one run takes here, as a right timer measures it: the median of the warm
