@@ -97,7 +97,7 @@ class CheckResult:
     """The outcome of ``check(problem, candidate)``. ``passed`` is the verdict."""
 
     problem_id: str
-    mode: str
+    mode: str  # the device, as ``Device.mode`` says it
     seed: int
     cases: list[CaseResult] = field(default_factory=list)
     performance: Performance | None = None
@@ -115,6 +115,9 @@ class CheckResult:
     needs_gpu: str = ""
     # Each case's answer by case index, when check(..., keep_outputs=True) asked for them.
     outputs: dict[int, object] = field(default_factory=dict, repr=False)
+    # The problem's kind of kernel ("triton", "cupy", "ranks"), None for plain Python: the
+    # card then says nothing of an interpreter or a prediction.
+    kernel: str | None = "triton"
 
     @property
     def passed(self) -> bool:
@@ -148,11 +151,22 @@ class CheckResult:
         return self.performance.floor.bound if self.performance else None
 
     @property
+    def setting(self) -> str:
+        """Where the check ran, as the card says it. A plain-Python exercise has no kernel
+        for the interpreter to run, nor one to time or predict: only its answers count."""
+        if self.kernel is None:
+            where = "GPU" if self.mode.startswith("GPU") else "CPU"
+            return f"{where}: plain Python, checked for correctness"
+        return self.mode
+
+    @property
     def worst_case(self) -> CaseResult | None:
-        """The first failing case; if all pass, the one with the largest error."""
+        """The failing case that says most: the first whose failure names its cause (see
+        ``_names_a_cause``) over one whose values are just off; the first failing case
+        when none does. If all pass, the one with the largest error."""
         failing = [c for c in self.cases if not c.ok]
         if failing:
-            return failing[0]
+            return next((c for c in failing if _names_a_cause(c)), failing[0])
         compared = [c for c in self.cases if c.comparison is not None]
         return max(compared, key=lambda c: c.comparison.rel_error, default=None)
 
@@ -160,15 +174,15 @@ class CheckResult:
     def line(self) -> str:
         """One line for a terminal or a log."""
         if self.not_implemented or (self.failed and not self.cases):
-            return f"{self.verdict} {self.problem_id}: {self.causes[0]}  [{self.mode}]"
+            return f"{self.verdict} {self.problem_id}: {self.causes[0]}  [{self.setting}]"
         if self.verdict == "NEEDS A GPU":
-            return f"{self.verdict} {self.problem_id}: {self.needs_gpu}  [{self.mode}]"
+            return f"{self.verdict} {self.problem_id}: {self.needs_gpu}  [{self.setting}]"
         ok = sum(c.ok for c in self.cases)
         head = f"{self.verdict} {self.problem_id}: {ok}/{len(self.cases)} cases correct"
         if not self.passed:
-            return f"{head}; {self.causes[0]}  [{self.mode}]"
+            return f"{head}; {self.causes[0]}  [{self.setting}]"
         perf = f"; {self.performance.line}" if self.performance else ""
-        return f"{head}{perf}  [{self.mode}]"
+        return f"{head}{perf}  [{self.setting}]"
 
     def message(self) -> str:
         """The full explanation, as an AssertionError carries it."""
@@ -190,6 +204,19 @@ class CheckResult:
     def show(self) -> None:
         """Display the report: HTML in Jupyter, the one line elsewhere."""
         show(self)
+
+
+def _names_a_cause(case: CaseResult) -> bool:
+    """Whether a failing case says why, not only which values are off: its answer was
+    never compared (an exception, a race, a write outside its tensors), it carries
+    advice, or its problem's own comparison marked its words as a diagnosis (a ``str``
+    whose ``diagnosed`` attribute is true: a slip reproduced, not just the figures). A
+    right answer found to be computed the wrong way (its traffic, say) does not jump
+    ahead of a wrong one."""
+    if case.advice or (case.error and case.comparison is None):
+        return True
+    return case.comparison is not None and bool(getattr(case.comparison.cause, "diagnosed",
+                                                         False))
 
 
 # --- The card ---------------------------------------------------------------------------
@@ -230,7 +257,7 @@ def html(result: CheckResult) -> str:
         ' padding: 4px 10px">',
         f'<b style="color: {colour}">{esc(result.verdict)}</b>'
         f' <code>{esc(result.problem_id)}</code>'
-        f' <span style="color: #57606a">— {esc(result.mode)}</span>',
+        f' <span style="color: #57606a">— {esc(result.setting)}</span>',
     ]
     if result.verdict == "NEEDS A GPU":
         parts.append(f"<div>{esc(result.needs_gpu)}</div>")

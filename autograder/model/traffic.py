@@ -43,6 +43,7 @@ from .trace_data import Dot, Launch
 @dataclass
 class TensorTraffic:
     name: str
+    base: int = 0  # the address of its element 0: the same tensor in another launch
     requested: int = 0  # bytes
     sectors: int = 0  # transactions, summed over warp groups
     read_refs: int = 0  # distinct sectors read per wave of programs, summed over waves
@@ -122,7 +123,7 @@ class TrafficReport:
             out.append(f"  {self.partial_store_sectors:,} of the stored sectors only partly "
                        "written: L2 merges each one separately")
         out.append(f"  DRAM bytes: {self.dram_estimate:,} estimated with a "
-                   f"{self.l2_bytes / 2**20:g} MiB L2 and {self.sm_count} SMs "
+                   f"{_size(self.l2_bytes)} L2 and {self.sm_count} SMs "
                    f"(between {self.dram_perfect_cache:,} with a perfect cache and "
                    f"{self.dram_no_reuse:,} with no reuse between programs)")
         out += [f"  OUT OF BOUNDS: {m}" for m in self.out_of_bounds]
@@ -140,7 +141,7 @@ def analyze(launch: Launch, card: Card, l2_bytes: int | None = None,
     prints = footprints(launch)
     report = TrafficReport(
         launch.kernel, launch.grid, l2_bytes=l2, sm_count=sms,
-        per_tensor={t.name: TensorTraffic(t.name) for t in launch.tensors},
+        per_tensor={t.name: TensorTraffic(t.name, t.base) for t in launch.tensors},
         rounds=_rounds(prints), flops=sum(2.0 * d.m * d.n * d.k for d in launch.dots),
         dot=main_dot(launch), num_warps=launch.options.get("num_warps", DEFAULT_NUM_WARPS),
         num_stages=launch.options.get("num_stages", DEFAULT_NUM_STAGES))
@@ -360,15 +361,19 @@ def _races(launch: Launch, prints: list[Footprint]) -> list[str]:
         runs = np.stack([first, last], axis=1).ravel()  # each address's stores, alone
         same = np.minimum.reduceat(bits, runs)[::2] == np.maximum.reduceat(bits, runs)[::2]
         differ = ~same | np.isin(shared, atomic)
-    shared = shared[differ]
+    plain_only = ~np.isin(shared, atomic) if bits is not None else np.zeros(shared.size, bool)
+    shared, plain_only = shared[differ], plain_only[differ]
     messages = []
-    for addr in shared[:3].tolist():
+    for addr, plain in zip(shared[:3].tolist(), plain_only[:3].tolist(), strict=False):
         who = sorted(set(programs[addresses == addr].tolist()))
         tensor = next((t for t in launch.tensors if t.contains(np.array([addr], np.uint64))[0]),
                       None)
         where = (f"{tensor.name}[{(addr - tensor.base) // tensor.element_size}]" if tensor
                  else hex(addr))
         first, second = (_program_index(p, launch.grid) for p in who[:2])
+        if plain and tensor is not None and tensor.extent == tensor.element_size:
+            messages.append(_one_element_race(tensor.name, where, first, second))
+            continue
         values = ", different values," if bits is not None else ""
         messages.append(f"programs {first} and {second} both store to {where}{values} and "
                         "each element must be written by one program (or by several with "
@@ -378,6 +383,22 @@ def _races(launch: Launch, prints: list[Footprint]) -> list[str]:
     if len(shared) > 3:
         messages.append(f"... {len(shared)} addresses in all")
     return messages
+
+
+def _size(count: int) -> str:
+    """Bytes in binary units: 16 KiB, 0.5 MiB, 50 MiB."""
+    return f"{count / 2**10:.3g} KiB" if count < 2**19 else f"{count / 2**20:.3g} MiB"
+
+
+def _one_element_race(name: str, where: str, first: tuple, second: tuple) -> str:
+    """Plain stores of different values into a one-element tensor: no tile is misplaced
+    there; it is a flag or a total that every program reports into."""
+    return (f"programs {first} and {second} both store to {where}, different values, with "
+            f"plain stores: {name} is one element (a flag, a total), and the program that "
+            "stores last decides, so one that found nothing can overwrite what another "
+            "found (a flag's 0.0 over its 1.0). Store only where a program has something "
+            "to report (every such store the same value), or use an atomic: tl.atomic_max "
+            "for a flag, tl.atomic_add for a total")
 
 
 # --- Where it would land ----------------------------------------------------------------
@@ -419,6 +440,27 @@ class Prediction:
         if not self.times or self.work_s > sum(t.body for t in self.times):
             return "compute"
         return max(self.times, key=lambda t: t.body).bound
+
+    def _few_programs(self, traffic_only: bool) -> TrafficReport | None:
+        """The launch whose FLOPs set a compute bound, when it runs fewer programs than
+        the card has SMs: one program per SM, the others idle. None when the bound is
+        the work's own FLOPs at the peak, or the launch fills the chip."""
+        size = (lambda t: max(t.memory, t.compute)) if traffic_only else (lambda t: t.body)
+        if not self.times or self.work_s > sum(size(t) for t in self.times):
+            return None
+        report, time = max(zip(self.reports, self.times, strict=True),
+                           key=lambda pair: size(pair[1]))
+        if time.compute < max(time.memory, 0 if traffic_only else time.latency):
+            return None
+        return report if report.programs < report.sm_count else None
+
+    def _bound_words(self, bound: str, traffic_only: bool = False) -> str:
+        """``bound`` as a line says it: a compute bound set by too few programs for the
+        chip says on how many SMs."""
+        few = self._few_programs(traffic_only) if bound == "compute" else None
+        if few is None:
+            return f"{bound}-bound"
+        return f"compute-bound on {few.programs} of {few.sm_count} SMs"
 
     @property
     def traffic_s(self) -> float:
@@ -481,8 +523,7 @@ class Prediction:
                     f"32-byte sectors moved are used ({worst.name}: {worst.efficiency:.1%})")
         ratio = self.dram / self.compulsory if self.compulsory else 1.0
         if ratio > 1.5:
-            return (f"re-reads: DRAM traffic is {ratio:.1f}× the compulsory bytes "
-                    "(data is fetched again by program after program)")
+            return self._excess_traffic(ratio)
         if self.bound == "latency":
             return ("latency-bound: each step of every program's loop waits for its loads "
                     "(a loop without tl.dot is not pipelined); more work per step, or more "
@@ -491,21 +532,82 @@ class Prediction:
             return (f"L2-bound: {self.transactions / self.compulsory:.1f}× the compulsory "
                     "bytes cross between L2 and the multiprocessors (data read again from "
                     "L2, or sectors written a few bytes at a time)")
+        few = self._few_programs(traffic_only=False) if self.bound == "compute" else None
+        if few is not None:
+            idle = few.sm_count - few.programs
+            return (f"{self._bound_words('compute')}: {few.kernel} runs {few.programs} "
+                    f"program{'s' if few.programs != 1 else ''}, one per SM, whose tl.dot "
+                    f"FLOPs take longer than the bytes while the other {idle} SMs stay idle; "
+                    "it fades at sizes with a program for every SM")
         return f"{self.bound}-bound, close to what the work requires"
+
+    def _excess_traffic(self, ratio: float) -> str:
+        """Why DRAM traffic is ``ratio`` times the compulsory bytes, as far as the trace
+        shows: data a launch read again after the L2 evicted it (its working set does not
+        fit), data an earlier launch already read or wrote (every launch is modelled from
+        an empty L2), or neither."""
+        excess = self.dram - self.compulsory
+        head = f"DRAM traffic is {ratio:.1f}× the compulsory bytes"
+        evicted = sum((t.read_misses - t.read_distinct) * SECTOR for r in self.reports
+                      for t in r.per_tensor.values())
+        l2 = _size(self.reports[0].l2_bytes)
+        if evicted * 2 >= excess:
+            return (f"re-reads: {head}: {evicted:,} B are data read again by later programs "
+                    f"after the {l2} L2 had evicted it (between two reads of the same data, "
+                    "the programs read more than the L2 holds)")
+        again, names = self._read_by_earlier_launches()
+        if again * 2 < excess:
+            return (f"{head}: more is read or written than the inputs and outputs once each "
+                    "(scratch, or data read twice)")
+        held = self._working_set()
+        where = (f"{_size(held)} in all, which the {l2} L2 could hold: on a GPU much of it "
+                 "may still be there, at L2 cost rather than DRAM's, but every launch still "
+                 "reads it again" if held <= self.reports[0].l2_bytes else
+                 f"{_size(held)} in all, more than the {l2} L2: each launch fetches it from "
+                 "DRAM again")
+        return (f"re-reads: {head}, over {len(self.reports)} launches: {again:,} B of it are "
+                f"launches reading {', '.join(names)} again after an earlier launch read or "
+                f"wrote them. The model starts every launch with an empty L2; the data is "
+                f"{where}")
+
+    def _read_by_earlier_launches(self) -> tuple[int, list[str]]:
+        """Bytes that launches read from tensors an earlier launch already read or wrote,
+        and those tensors' names (as the later launches call them)."""
+        seen: set[int] = set()
+        again, names = 0, []
+        for report in self.reports:
+            for t in report.per_tensor.values():
+                if t.base in seen and t.read_distinct:
+                    again += t.read_distinct * SECTOR
+                    names += [t.name] if t.name not in names else []
+            seen |= {t.base for t in report.per_tensor.values() if t.read_distinct or t.written}
+        return again, names
+
+    def _working_set(self) -> int:
+        """Bytes of every tensor the launches touch, each counted once (its largest
+        footprint in any one launch)."""
+        largest: dict[int, int] = {}
+        for report in self.reports:
+            for t in report.per_tensor.values():
+                touched = max(t.read_distinct, t.written) * SECTOR
+                largest[t.base] = max(largest.get(t.base, 0), touched)
+        return sum(largest.values())
 
     @property
     def line(self) -> str:
         ratio = self.dram / self.compulsory if self.compulsory else float("nan")
         l2 = self.reports[0].l2_bytes if self.reports else 0
-        with_l2 = f" with a {l2 / 2**20:g} MiB L2" if l2 else ""
+        with_l2 = f" with a {_size(l2)} L2" if l2 else ""
         traffic = (f"(sector efficiency {self.sector_efficiency:.0%}, "
                    f"DRAM {ratio:.2f}× compulsory{with_l2})")
         where = f"predicted for {self.target} at {self.case}"
         if not self.launch_bound:
-            return f"{where}: {self.fraction:.0%} of roofline, {self.bound}-bound {traffic}"
+            return (f"{where}: {self.fraction:.0%} of roofline, {self._bound_words(self.bound)} "
+                    f"{traffic}")
         launches = "a launch" if len(self.times) == 1 else f"{len(self.times)} launches"
         return (f"{where}: {self.traffic_fraction:.0%} of roofline in its traffic, "
-                f"{self.traffic_bound}-bound {traffic}; at this size the fixed "
+                f"{self._bound_words(self.traffic_bound, traffic_only=True)} {traffic}; "
+                f"at this size the fixed "
                 f"{self.launch_s * 1e6:.0f} µs of {launches} outweigh"
                 f"{'s' if len(self.times) == 1 else ''} it ({self.fraction:.0%} of roofline "
                 "in all)")

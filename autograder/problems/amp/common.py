@@ -17,6 +17,14 @@ CASTS = frozenset({"_to_copy", "to", "copy_"})
 
 
 
+class Diagnosis(str):
+    """A comparison's cause that names the slip it reproduced, not only the figures that
+    are off: a check's card leads with a case that has one over a case whose values are
+    just off (the card reads ``diagnosed``)."""
+
+    diagnosed = True
+
+
 def hex_bits(value: int, digits: int) -> str:
     return f"0x{value & ((1 << 4 * digits) - 1):0{digits}X}"
 

@@ -10,7 +10,7 @@ import torch
 from ...evidence.compare import form_cause, unwritten_cause
 from ...problem import Case, Cost, Levels, Problem, register
 from ..roofline import real_number
-from .common import BF16, CASTS, F32, hex_bits, kernels_did_the_work
+from .common import BF16, CASTS, F32, Diagnosis, hex_bits, kernels_did_the_work
 
 # === amp/bf16_round ===========================================================================
 
@@ -219,7 +219,9 @@ def compare_fate(output: object, reference: dict) -> str:
         return ""
     shown = "; ".join(f"{name} {g:.6g}, expected {w:.6g}" for name, g, w
                       in zip(NAMES, got, want.tolist(), strict=True) if name in off)
-    return f"{shown} (of {n} elements, scale {scale:g}){_fate_cause(got, grad, scale, n)}"
+    head = f"{shown} (of {n} elements, scale {scale:g})"
+    cause = _fate_cause(got, grad, scale, n)
+    return Diagnosis(head + cause) if cause else head
 
 
 def _fate_cause(got: list[float], grad: torch.Tensor, scale: float, n: int) -> str:
