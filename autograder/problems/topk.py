@@ -455,9 +455,9 @@ def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, rad
     got = values.double()
     where = (lambda r, j: f"at position {j}") if stream else \
         (lambda r, j: f"row {r}, position {j}")  # noqa: E731
-    unfilled = (": a slot no element filled. Fewer than k elements came through" + (
-        "; keep the elements at or above the threshold bucket (>=), the bucket's own "
-        "elements included" if radix else ""))
+    unfilled = lambda holes: (  # noqa: E731
+        f": a slot no element filled. Fewer than k elements came through, {k - holes} of "
+        f"the k = {k}" + (f". {THRESHOLD_MISSING}" if radix else ""))
     outside = (indices < 0) | (indices >= n)
     if bool(outside.any()):
         r, j = (int(i) for i in outside.nonzero()[0])
@@ -470,11 +470,13 @@ def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, rad
             return (f"index {index} {where(r, j)} is past the end of the row (n = {n}): "
                     "lanes beyond the last element took part. Mask the last block, and give "
                     "its idle lanes a word below every element")
-        return f"index {index} {where(r, j)} is far outside the row (n = {n}){unfilled}"
+        return (f"index {index} {where(r, j)} is far outside the row (n = {n})"
+                f"{unfilled(int(outside[r].sum()))}")
     empty = got.isnan() & ~x.isnan().any(dim=-1, keepdim=True)
     if bool(empty.any()):
         r, j = (int(i) for i in empty.nonzero()[0])
-        return f"NaN {where(r, j)}, where the scores hold no NaN{unfilled}"
+        return (f"NaN {where(r, j)}, where the scores hold no NaN"
+                f"{unfilled(int(empty[r].sum()))}")
     picked = x.gather(1, indices)
     mismatch = ~_same(picked, got)
     if stream and bool(mismatch.any()):
@@ -487,11 +489,8 @@ def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, rad
     twice = ordered[:, 1:] == ordered[:, :-1]
     if bool(twice.any()):
         r, j = (int(i) for i in twice.nonzero()[0])
-        index = int(ordered[r, j])
-        return (f"index {index} comes back twice{'' if stream else f' in row {r}'}: one "
-                "element took two of the k places. Equal values are distinct elements: carry "
-                "each element's own position with its key (one packed word), rather than "
-                "finding a value's position again")
+        return _repeated_index(got[r], indices[r], x[r], want[r], int(ordered[r, j]),
+                               "" if stream else f" in row {r}", radix)
     if bool(mismatch.any()):
         r, j = (int(i) for i in mismatch.nonzero()[0])
         if bool((picked[mismatch] < 0).all()):
@@ -513,6 +512,70 @@ def _check_rows(values: torch.Tensor, indices: torch.Tensor, ref: Reference, rad
     return _wrong_set(x[r], got[r], want[r], r, stream)
 
 
+def _repeated_index(got: torch.Tensor, indices: torch.Tensor, x: torch.Tensor,
+                    want: torch.Tensor, index: int, row: str, radix: bool) -> str:
+    """An index that comes back more than once in a row (``got`` and ``indices`` the
+    answer's, ``x`` the scores, ``want`` the right values): one element in two places
+    (its position lost), or places that no element filled."""
+    holes = _unfilled(got, indices, x, want, index)
+    if not bool(holes.any()):
+        return (f"index {index} comes back twice{row}: one element took two of the k places. "
+                "Equal values are distinct elements: carry each element's own position with "
+                "its key (one packed word), rather than finding a value's position again")
+    return _unfilled_places(got, holes, x[index], want, index, row, radix)
+
+
+def _unfilled(got: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, want: torch.Tensor,
+              index: int) -> torch.Tensor:
+    """The places of a row that no element filled, if the evidence shows them: places
+    that all read ``index`` and one same value, which is not the score there, and either
+    not one of the right values, or what an empty slot reads as (the packed word 0: key 0,
+    a NaN with its sign bit set, at index 0). Right values with a repeated index and no
+    such mark are elements whose positions were lost: no places are returned then."""
+    holes = (indices == index) & ~_same(got, x[index].expand_as(got))
+    none = torch.zeros_like(holes)
+    if not bool(holes.any()):
+        return none
+    value = got[holes][0]
+    if not bool(_same(got[holes], value.expand(int(holes.sum()))).all()):
+        return none  # different values: elements, not empty places
+    right_values = bool(_same(expected_values(got[None], got.numel())[0], want).all())
+    return holes if _empty_word(value, index) or not right_values else none
+
+
+def _empty_word(value: torch.Tensor, index: int) -> bool:
+    """Is (value, index) what the packed word 0, an empty slot, reads as: key 0 is a NaN
+    with its sign bit set (every NaN of the scores reads back with it clear), at 0?"""
+    return index == 0 and bool(value.isnan()) and bool(value.signbit())
+
+
+def _unfilled_places(got: torch.Tensor, holes: torch.Tensor, score: torch.Tensor,
+                     want: torch.Tensor, index: int, row: str, radix: bool) -> str:
+    """Places of the answer that no element filled (``holes``, all alike): how many of
+    the k were filled, and which elements are missing where the rest are right."""
+    k, empty = got.numel(), int(holes.sum())
+    filled = k - empty
+    value = got[holes][0]
+    head = (f"only {filled} of the k = {k} places{row} hold an element: " if filled else
+            f"none of the k = {k} places{row} holds an element: ")
+    head += (f"{'the other ' if filled else 'all '}{empty} read index {index} with value "
+             f"{value.item():.6g}, but the score at index {index} is {score.item():.6g}. "
+             "They are places no element filled" + (
+                 " (an empty slot, the packed word 0, reads this way)"
+                 if _empty_word(value, index) else "") + ": fewer than k elements were selected")
+    kept = expected_values(got[~holes][None], filled)[0]
+    if filled and not bool(_same(kept, want[:filled]).all()):
+        return head
+    if filled:
+        head += (f". The {filled} that came are the {filled} largest, so the missing ones are "
+                 "the lowest of the top k: the elements at the threshold")
+    return f"{head}. {THRESHOLD_MISSING}" if radix else head
+
+
+THRESHOLD_MISSING = ("Elements of the threshold bucket are missing: either the bucket "
+                     "chosen is one above the right one (it is the bucket where the count "
+                     "from the top first reaches k) or its own elements were not kept (keep "
+                     "every element at or above it, >=, the bucket's own elements included)")
 LOCAL_POSITIONS = ("values and indices disagree: the indices look like positions in a "
                    "chunk or a shard. An index is a position in the whole stream: add where "
                    "the chunk starts (and the shard's offset)")
