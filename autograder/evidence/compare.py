@@ -26,6 +26,8 @@ class Comparison:
             return self.cause
         if self.rel_error != self.rel_error:  # NaN: an answer compared by its problem's rule
             return "right" if self.ok else "wrong"
+        if self.max_elem_error != self.max_elem_error:  # a few numbers, not an array's elements
+            return f"rel error {self.rel_error:.2e}"
         return f"rel error {self.rel_error:.2e}, worst element {self.max_elem_error:.2e}"
 
 

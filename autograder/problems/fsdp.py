@@ -352,7 +352,7 @@ def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
             return (f"step {step}: {int(got[step, 2])} shards have no gradient after "
                     "backward: reduce-scatter each block's gradients into its shard's .grad")
         head = ""
-        if _relative(loss, want_loss) > RELATIVE:
+        if not _relative(loss, want_loss) <= RELATIVE:  # NaN too
             head = (f"step {step}: the loss is {loss:.9g}, one process gets {want_loss:.9g} "
                     f"({_relative(loss, want_loss):.1e} relative)")
             if step == 0:
@@ -362,14 +362,14 @@ def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
             return head + (": the first steps agree, so the optimizer's updates do not "
                            "reach the weights the blocks use: gather from the shard the "
                            "optimizer steps, every step")
-        if _relative(norm, want_norm) > RELATIVE:
+        if not _relative(norm, want_norm) <= RELATIVE:  # NaN too
             ratio = norm / want_norm
             head = (f"step {step}: the gradient norm is {norm:.9g}, one process gets "
                     f"{want_norm:.9g}")
             if abs(ratio - n) < 1e-3 * n:
                 return head + (f": {n} times too large. The reduce-scatter sums the ranks' "
                                f"gradients; the mean over the whole batch divides by N = {n}")
-            return head + f" ({ratio:.4g} times)"
+            return head + (f" ({ratio:.4g} times)" if math.isfinite(ratio) else "")
     return ""
 
 
@@ -630,8 +630,12 @@ def _grade(prefetch: bool, slack_blocks: int = SLACK_BLOCKS):
         trained = torch.stack([got[:, :, 0].mean(0), got[:, :, 1].sum(0).sqrt(),
                                got[:, :, 2].sum(0)], dim=1)
         wrong = numbers_cause(trained, want, n)
-        error = [(trained[:, :2] - want).abs().div(want.abs()).max().item()]
-        seen = Comparison(not wrong, rel_error=error[0], cause=wrong)
+        # The worst relative error of any step's loss or gradient norm: a few numbers, so
+        # no worst element of an array (0/0, for a norm of zero, counts as no error).
+        error = max(_relative(got, right) if got != right else 0.0 for got, right in
+                    zip(trained[:, :2].reshape(-1).tolist(), want.reshape(-1).tolist(),
+                        strict=True))
+        seen = Comparison(not wrong, rel_error=error, cause=wrong)
         if wrong:
             return CaseResult(case, seen)
         model = make_model(*setup[:4])

@@ -12,6 +12,10 @@ grader can say "rank 0 blocked in send to rank 1 at step 0".
 Each line goes to the file in one ``write`` with no buffering in Python, so a kill loses
 at most the line being written; ``read`` drops a torn last line.
 
+A handle of an asynchronous call (``async_op=True``, ``isend``) that is let go before
+any wait, overwritten or never kept, is logged as ``dropped``: the call may still be
+writing into its tensor, which is how a rank that crashes after it is explained.
+
 Only the outermost call is recorded: ``send`` is built on ``isend`` and ``wait``, and a
 learner's one send must count once.
 
@@ -141,6 +145,9 @@ class Call:
     # For an op reached around the recorded functions: OWN, a group or store the
     # candidate built; HARNESS, the default group's methods called directly.
     group: str = ""
+    # For an asynchronous call: its handle was let go (overwritten, or never kept) with
+    # no wait() on it, nor any other way to learn that the call had ended.
+    dropped: bool = False
 
     @property
     def is_send(self) -> bool:
@@ -294,14 +301,31 @@ def _begin(op: str, tensor: object, peer: int | None, blocking: bool, via: str =
     return seq
 
 
+# A handle's methods, besides ``wait``, by which a rank can learn that its call ended: a
+# handle used through them is never said to be dropped unwaited.
+HANDLE_ENDS = ("get_future", "is_completed", "result", "synchronize", "exception",
+               "is_success", "source_rank", "_source_rank")
+
+
 class Request:
     """A Work handle from isend, irecv or an async collective, whose ``wait`` is logged:
-    a rank stuck in ``req.wait()`` is waiting for that request, and the log says so."""
+    a rank stuck in ``req.wait()`` is waiting for that request, and the log says so. A
+    handle let go before any wait (overwritten, or never kept) is logged too, as
+    ``dropped``: its call may still be writing into its tensors."""
 
     def __init__(self, work: object, seqs: list[int], from_any: bool = False):
         self._work, self._seqs, self._from_any = work, seqs, from_any
+        self._ended_known = False
+
+    def __del__(self):
+        if not self.__dict__.get("_ended_known", True):
+            try:
+                emit({"e": "dropped", "seqs": self._seqs})
+            except BaseException:  # noqa: BLE001 (a finalizer must never raise)
+                pass
 
     def wait(self, *args, **kwargs):
+        self._ended_known = True
         emit({"e": "wait", "seqs": self._seqs, "at": _learners_line()})
         done = self._work.wait(*args, **kwargs)
         event = {"e": "waited", "seqs": self._seqs, "t": time.monotonic()}
@@ -314,6 +338,8 @@ class Request:
         return done
 
     def __getattr__(self, name: str):
+        if name in HANDLE_ENDS:
+            self._ended_known = True
         return getattr(self._work, name)
 
 
@@ -599,6 +625,10 @@ def parse(text: str, rank: int) -> RankLog:
                     by_seq[seq].ended = event.get("t")
                     if by_seq[seq].peer is None and isinstance(event.get("peer"), int):
                         by_seq[seq].peer = event["peer"]
+        elif kind == "dropped":
+            for seq in event.get("seqs", ()):
+                if seq in by_seq:
+                    by_seq[seq].dropped = True
         elif kind == "returned":
             log.returned = True
         elif kind == "raised":

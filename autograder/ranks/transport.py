@@ -87,7 +87,8 @@ def _name(function: Callable) -> str:
 def code_files(function: Callable) -> dict[str, list[tuple[int, int, str]]]:
     """Where the code sent with the function came from: function name -> [(first line,
     last line, file)]. cloudpickle writes every file name as "<dynamic-code>"; with this
-    the grader can point a rank's traceback at the learner's own cell or file again."""
+    the grader can point a rank's traceback at the learner's own cell or file again. The
+    methods of the classes sent by value are included: a learner's class in a cell."""
     found: dict[str, list[tuple[int, int, str]]] = {}
     seen: set[int] = set()
     pending: list[object] = [function]
@@ -96,22 +97,58 @@ def code_files(function: Callable) -> dict[str, list[tuple[int, int, str]]]:
         if id(item) in seen:
             continue
         seen.add(id(item))
+        if isinstance(item, type):
+            pending += _methods(item) if _sent_by_value(item) else []
+            continue
         code = getattr(item, "__code__", None)
         if code is None and callable(item) and not isinstance(item, type):
             code = getattr(type(item).__call__, "__code__", None)  # a callable object
         if code is None:
             continue
+        used: set[str] = set()  # the global names it and its nested functions use
         for inner in _codes(code):
             lines = [line for _, _, line in inner.co_lines() if line is not None]
             last = max(lines, default=inner.co_firstlineno)
             found.setdefault(inner.co_name, []).append(
                 (inner.co_firstlineno, last, inner.co_filename))
+            used.update(inner.co_names)
         names = getattr(item, "__globals__", {})
-        pending += [names[name] for name in code.co_names
-                    if callable(names.get(name)) and not isinstance(names.get(name), type)]
+        pending += [names[name] for name in sorted(used) if callable(names.get(name))]
         pending += [cell.cell_contents for cell in getattr(item, "__closure__", None) or ()
                     if _filled(cell) and callable(cell.cell_contents)]
     return found
+
+
+def _sent_by_value(cls: type) -> bool:
+    """Does cloudpickle send this class by value (a notebook's, or a module's that the
+    ranks may not import), so that its methods' file names become "<dynamic-code>"?"""
+    module = sys.modules.get(cls.__module__)
+    return module is None or not _importable_elsewhere(module)
+
+
+def _methods(cls: type) -> list[object]:
+    """The functions a class defines (properties' and static methods' too), and its
+    bases, to walk as the function's own code."""
+    found: list[object] = [base for base in cls.__bases__ if base is not object]
+    for member in vars(cls).values():
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if isinstance(member, property):
+            found += [f for f in (member.fget, member.fset, member.fdel) if f is not None]
+        elif callable(member):  # a method, or a class defined inside the class
+            found.append(member)
+    return found
+
+
+def installed(filename: str) -> bool:
+    """Is this file part of Python or of an installed package (never the learner's)?"""
+    if filename.startswith("<"):
+        return False
+    try:
+        path = Path(filename).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return any(path.is_relative_to(root) for root in _INSTALLED)
 
 
 def _codes(code):
