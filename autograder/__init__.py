@@ -20,7 +20,7 @@ from .device import versions as _versions  # noqa: E402
 _versions.warn_if_broken()
 
 from .checking import handin as _handin  # noqa: E402
-from .checking.engine import CheckFailed, check, explore, passed  # noqa: E402
+from .checking.engine import CheckFailed, check, explore, passed, passing  # noqa: E402
 from .checking.hints import hint  # noqa: E402
 from .checking.result import CheckResult  # noqa: E402
 from .device import current as current_device  # noqa: E402
@@ -31,6 +31,10 @@ from .problems import get as get_problem  # noqa: E402
 
 # Under `rooflab grade`: note the timers and the grader now, before any learner code.
 _handin.start()
+
+from .checking import ways as _ways  # noqa: E402
+
+_ways.register()  # %%scaffold, in a notebook
 
 __all__ = [
     "Case",
@@ -48,6 +52,7 @@ __all__ = [
     "get_problem",
     "hint",
     "passed",
+    "passing",
     "register",
     "roofline",
 ]

@@ -1,6 +1,8 @@
 """Each learner notebook, run top to bottom, fails exactly at its exercise checks and
-nowhere else (as nbgrader's `validate --invert` demands). The solved notebooks are run by
-nbval (`make test` passes `--nbval-lax solutions/`), where every cell must pass."""
+nowhere else (as nbgrader's `validate --invert` demands); a from-scratch way into an
+exercise that also has a scaffolded one shows NOT IMPLEMENTED and stops nothing. The
+solved notebooks are run by nbval (`make test` passes `--nbval-lax solutions/`), where
+every cell must pass."""
 
 from pathlib import Path
 
@@ -29,7 +31,13 @@ def test_learner_notebook_fails_only_at_its_checks(path):
         errors = [out for out in cell.outputs if out.output_type == "error"]
         is_check = "check" in cell.metadata.get("tags", [])
         checks += is_check
-        if is_check and not errors:
+        if is_check and "scratch=True" in cell.source:
+            # The from-scratch way into an exercise: unwritten, it stops nothing, and says so.
+            shown = "".join(str(out.get("data", out.get("text", ""))) for out in cell.outputs)
+            if errors or "not written yet" not in shown:
+                unexpected.append(f"cell {index}: an unwritten from-scratch cell stopped the "
+                                  "run or did not say it is unwritten")
+        elif is_check and not errors:
             unexpected.append(f"cell {index}: a check passed on the unsolved notebook")
         elif is_check and errors[0].ename != "CheckFailed":
             unexpected.append(f"cell {index}: check raised {errors[0].ename}, not a verdict")
@@ -43,7 +51,8 @@ def _imports_and_assignments(source: str) -> tuple[set[str], set[str], set[str]]
     """Names a cell imports, names it assigns otherwise, and names it reads."""
     import ast
 
-    tree = ast.parse(source)
+    # A cell magic's line (%%scaffold) is IPython's, not Python: the rest is the code.
+    tree = ast.parse(source.split("\n", 1)[1] if source.startswith("%%") else source)
     imported, assigned = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -11,6 +11,7 @@ on the measured roofline, and checks the answer again on the timed inputs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import traceback
 import warnings
@@ -246,6 +247,7 @@ def check(
     target: str | None = None,
     time_limit: float | None = None,
     keep_outputs: bool = False,
+    scratch: bool = False,
 ) -> CheckResult:
     """Grade ``candidate`` on the problem ``problem_id`` ("<lab>/<exercise>").
 
@@ -264,10 +266,26 @@ def check(
     ``keep_outputs`` keeps a copy of each case's answer in ``result.outputs`` (by case
     index), for a grader in another process to check again (``isolated.py``).
 
+    ``scratch`` marks the from-scratch way into an exercise that also has a scaffolded
+    one: not written yet, it stops nothing (the scaffolded cell below is the other way);
+    and a scaffolded cell left unwritten after the same exercise passed from scratch
+    stops nothing either.
+
     Shows the result (HTML in Jupyter, one line elsewhere) and returns a CheckResult.
     Raises AssertionError, with the cause in the message, if the candidate fails.
     """
     spec = problems.get(problem_id) if isinstance(problem_id, str) else problem_id
+    earlier = None if scratch else _passed_from_scratch.get(spec.id)
+    if earlier is not None and _passing.get(spec.id) is candidate:
+        # The scaffolded cell was skipped (``%%scaffold``): the names are still the ones
+        # that passed from scratch, and their verdict stands without a second run. It is
+        # shown, not handed in: the grader counts the from-scratch cell's own record.
+        again = copy.copy(earlier)
+        again.skipped = [*earlier.skipped, "every case: this is the function that passed "
+                         "from scratch above, not run again"]
+        if show:
+            again.show()
+        return again
     info = device_layer.current()
     dev = torch.device(info.torch_device)
     if handin.active():  # under `rooflab grade`: its seed, and answers to recheck
@@ -278,8 +296,8 @@ def check(
         from .rank_check import check_ranks
 
         return _finish(spec, check_ranks(spec, candidate, seed, time_limit, keep_outputs),
-                       show, raise_on_failure)
-    result = CheckResult(spec.id, info.mode, seed)
+                       show, raise_on_failure, candidate, scratch)
+    result = CheckResult(spec.id, info.mode, seed, kernel=spec.kernel)
     # A plain-Python exercise has no kernel to watch: its calls into the grader are.
     watched = spec.kernel is None
     run = _Runner(spec, grader_calls.as_learner(candidate) if watched else candidate, dev)
@@ -294,7 +312,8 @@ def check(
     tile_findings: dict[str, list[str]] = {}  # tensor-core and fit rules -> the cases
     limit = default_time_limit() if time_limit is None else time_limit
     if spec.kernel == "cupy" and (not on_gpu or cuda.cupy_missing() or _stubbed(candidate)):
-        return _finish(spec, _compile_only(candidate, result), show, raise_on_failure)
+        return _finish(spec, _compile_only(candidate, result), show, raise_on_failure,
+                       candidate, scratch)
 
     for index, case, again in _runs(spec, on_gpu):
         if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
@@ -369,7 +388,7 @@ def check(
         result.performance = _performance(spec, run, info, seed, measure, result)
         if traced is not None:
             _predict(spec, traced, target, result)
-    return _finish(spec, result, show, raise_on_failure)
+    return _finish(spec, result, show, raise_on_failure, candidate, scratch)
 
 
 class CheckFailed(AssertionError):
@@ -390,15 +409,39 @@ class CheckFailed(AssertionError):
                 "(the card above says more)"]
 
 
-def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bool
-            ) -> CheckResult:
-    _last_verdicts[spec.id] = result.passed
+def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bool,
+            candidate: Callable, scratch: bool) -> CheckResult:
+    other_way = _the_other_way(spec.id, result, scratch)
+    if other_way:
+        result.causes = [other_way]
+    else:
+        _last_verdicts[spec.id] = result.passed
+        _passing.pop(spec.id, None)
+        _passed_from_scratch.pop(spec.id, None)
+        if result.passed:
+            _passing[spec.id] = candidate
+            if scratch:
+                _passed_from_scratch[spec.id] = result
     handin.keep(result)
     if show:
         result.show()
-    if raise_on_failure and result.failed and not exploring():
+    if raise_on_failure and result.failed and not exploring() and not other_way:
         raise CheckFailed(result)
     return result
+
+
+def _the_other_way(problem_id: str, result: CheckResult, scratch: bool) -> str:
+    """Why an unwritten way into an exercise with two ways stops nothing: the words for
+    its card, or "" where it counts as any check does."""
+    if not result.not_implemented:
+        return ""
+    if scratch:
+        return ("not written yet: write it here from its signature, or take the scaffolded "
+                "way below (either one passes this exercise)")
+    if problem_id in _passed_from_scratch:
+        return ("solved from scratch above: the scaffolded way is there if you want it, "
+                "and nothing needs it")
+    return ""
 
 
 _explore = False
@@ -445,14 +488,19 @@ def _compile_only(candidate: Callable, result: CheckResult) -> CheckResult:
                 result.causes.append(f"{kernel.name} does not compile: {errors[0]}")
                 result.causes += errors[1:4]
     except cuda.NvrtcMissing as missing:
-        result.needs_gpu = f"not compiled or run here ({missing}); graded on a GPU only"
+        result.needs_gpu = (f"nothing checked here: the CUDA C was neither compiled nor run "
+                            f"({missing}); its results are graded on a GPU only")
         return result
-    names = ", ".join(kernel.name for kernel in kernels)
-    where = ("CuPy is not installed: `pip install cupy-cuda12x` (or cupy-cuda13x) to run it"
-             if device_layer.current().can_measure else "CUDA C runs, and is graded, on a GPU "
-             "only")
-    result.needs_gpu = f"{names} compiles (NVRTC {cuda.nvrtc_version()}, {cuda.NVRTC_ARCH}); " \
-        + where
+    names = " and ".join(kernel.name for kernel in kernels)
+    one = len(kernels) == 1
+    where = ("; CuPy is not installed: `pip install cupy-cuda12x` (or cupy-cuda13x) to run "
+             "the check here" if device_layer.current().can_measure
+             else ", which needs a GPU: run this check on one to grade it")
+    result.needs_gpu = (f"checked here: {names} compile{'s' if one else ''} (NVRTC "
+                        f"{cuda.nvrtc_version()}, {cuda.NVRTC_ARCH}), and no more. Not "
+                        f"checked: whether {'it computes' if one else 'they compute'} the "
+                        "right answer, on any case, nor how fast; that takes running the "
+                        f"CUDA C{where}")
     return result
 
 
@@ -461,12 +509,28 @@ def _stubbed(candidate: Callable) -> bool:
 
 
 _last_verdicts: dict[str, bool] = {}
+_passing: dict[str, Callable] = {}  # problem id -> what passed its last check
+# ... where that check was the from-scratch way: its result
+_passed_from_scratch: dict[str, CheckResult] = {}
+
+
+def solved_from_scratch(problem_id: str) -> bool:
+    """Whether ``problem_id`` passed from scratch in this session (and nothing failed it
+    since): its scaffolded cell is not needed."""
+    return problem_id in _passed_from_scratch
 
 
 def passed(problem_id: str) -> bool:
     """Whether the last check of ``problem_id`` in this session passed. Lets a notebook
     show a learner's kernel in a plot only once it works, instead of crashing the cell."""
     return _last_verdicts.get(problem_id, False)
+
+
+def passing(problem_id: str) -> Callable | None:
+    """The function that passed the last check of ``problem_id`` in this session, or
+    None. A chart runs it rather than a name the notebook may since have redefined: the
+    scaffolded cell after a from-scratch solution defines the same names, unwritten."""
+    return _passing.get(problem_id)
 
 
 def _causes(spec: Problem, result: CheckResult) -> list[str]:

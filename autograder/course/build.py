@@ -16,6 +16,11 @@ source of those top-level definitions (functions and classes with their decorato
 assignments such as a CUDA C source string), so the learner reads and
 edits the kernel in the notebook while the tested module stays the single source.
 
+A line ``# rooflab-scratch: rooflab.kernels.vector_add:add_kernel,vector_add`` is the same
+exercise from a blank cell: the solution notebook has the definitions as ``rooflab-inline``
+gives them; the learner's has only the last one's signature and docstring over a stub, and
+a line that says which kernels to write above it. The learner writes the rest.
+
 Notebooks are written without outputs and with stable cell ids, so building twice gives
 the same bytes; ``rooflab build --check`` says which committed notebooks are stale.
 """
@@ -34,7 +39,12 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 # only ones `rooflab grade` takes from a submission (it restores every other from labs/).
 SOLUTION_TAG = "solution"
 C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
+# Inside a solution region, the key lines of the answer (what a hint's last level shows)
+# sit between these. Only the kernels carry them: the notebooks never show them.
+KEY, END_KEY = "### KEY", "### END KEY"
+C_KEY, C_END_KEY = "// KEY", "// END KEY"
 INLINE = re.compile(r"^(\s*)# rooflab-inline: ([\w.]+):([\w,\s]+)$")
+SCRATCH = re.compile(r"^# rooflab-scratch: ([\w.]+):([\w,\s]+)$")
 MASTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.md$")
 
 
@@ -133,9 +143,47 @@ def inline(source: str) -> str:
     return "\n".join(out)
 
 
+def from_scratch(source: str, learner: bool) -> str:
+    """Expand each ``# rooflab-scratch: module:a,b`` line: in the solution, as an inline
+    line; in the learner's notebook, as ``b``'s signature and docstring over a solution
+    region, under a comment naming what else to write (``a``, by its name only)."""
+    out = []
+    for line in source.splitlines():
+        match = SCRATCH.match(line)
+        if not match:
+            out.append(line)
+            continue
+        module_name, names = match.groups()
+        *helpers, entry = [name.strip() for name in names.split(",")]
+        if not learner:
+            out.append(f"# rooflab-inline: {module_name}:{','.join([*helpers, entry])}")
+            continue
+        if helpers:
+            what = " and ".join([", ".join(helpers[:-1]), helpers[-1]] if len(helpers) > 1
+                                else helpers)
+            out += [f"# Write {what} here, above the function below", "# (the names and "
+                    "signatures are yours to choose)."]
+        out.extend(_signature_over_a_stub(definition_source(module_name, [entry])))
+    return "\n".join(out)
+
+
+def _signature_over_a_stub(source: str) -> list[str]:
+    """A function's decorators, signature and docstring, its body one solution region."""
+    node = ast.parse(source).body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise ValueError(f"rooflab-scratch: {getattr(node, 'name', node)} is not a function")
+    lines = source.splitlines()
+    first = node.body[0]
+    has_docstring = isinstance(first, ast.Expr) and isinstance(
+        getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str)
+    head_end = first.end_lineno if has_docstring else first.lineno - 1
+    indent = " " * first.col_offset
+    return [*lines[:head_end], f"{indent}{BEGIN}", f"{indent}{END}"]
+
+
 def solution(source: str) -> str:
     """The complete version: solution markers removed, code kept."""
-    markers = (BEGIN, END, C_BEGIN, C_END)
+    markers = (BEGIN, END, C_BEGIN, C_END, KEY, END_KEY, C_KEY, C_END_KEY)
     return "\n".join(line for line in source.splitlines() if line.strip() not in markers)
 
 
@@ -194,7 +242,7 @@ def notebook_json(cells: list[Cell], stem: str, learner: bool) -> str:
     for index, cell in enumerate(cells):
         source, tags = cell.source, list(cell.tags)
         if cell.kind == "code":
-            source = inline(source)
+            source = inline(from_scratch(source, learner))
             if regions(source):  # the learner's to write: a grader takes it from them
                 tags.append(SOLUTION_TAG)
             source = stub(source) if learner else solution(source)

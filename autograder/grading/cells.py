@@ -63,6 +63,15 @@ def exercises(lab: dict) -> list[Exercise]:
     return found
 
 
+def one_cell_each(found: list[Exercise]) -> list[Exercise]:
+    """The first check cell of each exercise: one with a from-scratch way in and a
+    scaffolded one has two, and is one exercise."""
+    first: dict[str, Exercise] = {}
+    for exercise in found:
+        first.setdefault(exercise.problem_id, exercise)
+    return list(first.values())
+
+
 def restore(lab: dict, submission: dict) -> Restored:
     """The lab's notebook with the submission's solution cells (by id) and added cells in
     it. A submission whose cells have no ids (an old nbformat) is matched by the order of

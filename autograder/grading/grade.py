@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..checking import handin
 from . import gradebook
-from .cells import CHECK_TAG, exercises, restore
+from .cells import CHECK_TAG, exercises, one_cell_each, restore
 from .confinement import Confinement, prepare
 from .execute import TAKEN
 from .verdicts import Grade, grade_exercises
@@ -152,7 +152,8 @@ def refused(task: Task) -> dict:
     wanted = exercises(json.loads(task.lab.read_text()))
     return {"learner": task.learner, "lab": task.lab_name, "notebook": ", ".join(task.clash),
             "mode": _mode(), "changed": [], "problems": [why], "clash": task.clash,
-            "grades": [Grade(e.problem_id, e.cell_id, "FAIL", why).as_dict() for e in wanted],
+            "grades": [Grade(e.problem_id, e.cell_id, "FAIL", why).as_dict()
+                       for e in one_cell_each(wanted)],
             "seconds": 0.0, "started": time.time(), "finished": time.time()}
 
 
@@ -208,7 +209,8 @@ def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement) -
     wanted = exercises(lab)
     if submission is None:
         result["grades"] = [Grade(e.problem_id, e.cell_id, "FAIL", "not graded: the "
-                                  "notebook could not be read").as_dict() for e in wanted]
+                                  "notebook could not be read").as_dict()
+                            for e in one_cell_each(wanted)]
         return result
     restored = restore(lab, submission)
     result["changed"], result["added_cells"] = restored.changed, restored.added
