@@ -231,8 +231,8 @@ class Problem:
     # or "" (e.g. "rows do not sum to 1: the running sum is not rescaled").
     diagnose: Callable[[tuple, torch.Tensor, torch.Tensor], str] | None = None
     # Hints, a nudge then the idea; ``hint(problem_id, level)`` shows one. The last level
-    # is the answer itself: the solution regions of these functions (or CUDA C sources) of
-    # the solution's module, read from kernels/ (checking/hints.py).
+    # is the answer's key lines: those marked in the solution regions of these functions
+    # (or CUDA C sources) of the solution's module, read from kernels/ (checking/hints.py).
     hints: Sequence[str] = ()
     answer_in: Sequence[str] = ()
     # False when the right answer depends on the run itself (a timer's: what the stand-in

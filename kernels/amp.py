@@ -77,11 +77,15 @@ def bf16_bits(x):
     # Add just under half of the bits that go (0x7FFF), plus one when the lowest bit that
     # stays is odd: a tie then rounds up to even, anything above half rounds up, and a
     # carry out of the mantissa moves into the exponent, as it must.
+    ### KEY
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    ### END KEY
     # A NaN whose payload lies in the low 16 bits would come out as inf, and 0x7FFFFFFF
     # would carry into the sign: keep the top half and set the quiet bit instead.
     is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    ### KEY
     rounded = tl.where(is_nan, (bits >> 16) | 0x40, rounded)
+    ### END KEY
     ### END SOLUTION
     return rounded.to(tl.uint16)
 
@@ -115,10 +119,14 @@ def fp16_fate(grad: torch.Tensor, scale: float = 1.0) -> tuple[float, float, flo
     become inf (overflow)."""
     ### BEGIN SOLUTION
     scaled = grad.float() * scale
+    ### KEY
     half = scaled.to(torch.float16)
+    ### END KEY
     count = grad.numel()
+    ### KEY
     underflow = int(((half == 0) & (scaled != 0)).sum()) / count
     subnormal = int(((half != 0) & (half.abs() < 2.0**-14)).sum()) / count
+    ### END KEY
     overflow = int((half.isinf() & scaled.isfinite()).sum()) / count
     ### END SOLUTION
     return underflow, subnormal, overflow
@@ -166,24 +174,30 @@ class LossScaler:
                     if p.grad is None:
                         continue
                     # Checked before unscaling, as GradScaler does.
+        ### KEY
                     if not bool(torch.isfinite(p.grad).all()):
                         self.found_inf = True
                     p.grad.mul_(inverse)
         if not self.found_inf:
             optimizer.step()
+        ### END KEY
         ### END SOLUTION
         return not self.found_inf
 
     def update(self) -> None:
         """Back off after a skipped step; grow after ``growth_interval`` good ones."""
         ### BEGIN SOLUTION
+        ### KEY
         if self.found_inf:
             self._scale = _fp32(self._scale * self.backoff_factor)
+        ### END KEY
             self.growth_tracker = 0
             return
         self.growth_tracker += 1
+        ### KEY
         if self.growth_tracker == self.growth_interval:
             grown = _fp32(self._scale * self.growth_factor)
+        ### END KEY
             if math.isfinite(grown):
                 self._scale = grown
             self.growth_tracker = 0
@@ -240,15 +254,19 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     and the scaler steps and updates. Returns the loss, unscaled, as a float."""
     ### BEGIN SOLUTION
     optimizer.zero_grad(set_to_none=True)
+    ### KEY
     with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
         loss = loss_fn(model(x), y)
+    ### END KEY
     if scaler is None:
         loss.backward()
         optimizer.step()
     else:
+        ### KEY
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        ### END KEY
     ### END SOLUTION
     return loss.item()
 
@@ -263,11 +281,15 @@ def nonfinite_kernel(grad_ptr, found_ptr, n, BLOCK: tl.constexpr):
     g = tl.load(grad_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
     # NaN is the one value unequal to itself; inf is beyond fp32's largest number.
+    ### KEY
     bad = (g != g) | (tl.abs(g) > 3.4028234663852886e38)
     if tl.sum(bad.to(tl.int32), axis=0) > 0:
+    ### END KEY
         # Several programs may find one. Each raises the flag to the same 1.0 (an atomic
         # here; a plain store of 1.0 would do too), and none ever lowers it.
+        ### KEY
         tl.atomic_max(found_ptr, 1.0)
+        ### END KEY
     ### END SOLUTION
 
 
@@ -285,11 +307,15 @@ def adamw_kernel(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, bf16_ptr, fou
         m = tl.load(exp_avg_ptr + offsets, mask=mask)
         v = tl.load(exp_avg_sq_ptr + offsets, mask=mask)
         ### BEGIN SOLUTION
+        ### KEY
         g = g * (1.0 / tl.load(scale_ptr))  # unscale
+        ### END KEY
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * g * g
+        ### KEY
         # AdamW: the decay shrinks the weight itself, apart from the gradient.
         w = w * decay - step_size * m / (tl.sqrt(v) / bias2_sqrt + eps)
+        ### END KEY
         ### END SOLUTION
         tl.store(param_ptr + offsets, w, mask=mask)
         tl.store(exp_avg_ptr + offsets, m, mask=mask)
@@ -366,10 +392,12 @@ def fp8_quantize_kernel(x_ptr, scale_ptr, q_ptr, amax_ptr, n, BLOCK: tl.constexp
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
+    ### KEY
     # e4m3 has no inf: e4m3_bits saturates, anything beyond ±448 becomes ±448.
     tl.store(q_ptr + offsets, e4m3_bits(x * tl.load(scale_ptr)), mask=mask)
     # This step's amax, for the next step's scale. Masked lanes hold 0: they never win.
     tl.atomic_max(amax_ptr, tl.max(tl.abs(x), axis=0))
+    ### END KEY
     ### END SOLUTION
 
 

@@ -128,6 +128,7 @@ def flash_fwd_kernel(
         s = tl.where(keep, tl.dot(q, kt) * qk_scale, float("-inf"))
         # Key 0 is visible to every row, so after the first block m_i is finite and
         # m_i - m_new is never -inf - (-inf).
+        ### KEY
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)  # rescales what was summed against the old maximum
         p = tl.exp2(s - m_new[:, None])
@@ -135,6 +136,7 @@ def flash_fwd_kernel(
         # P in the input type: the P·V dot runs on tensor cores, accumulating in fp32.
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
+        ### END KEY
     ### END SOLUTION
     acc = acc / l_i[:, None]
     tl.store(o_ptr + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
@@ -237,7 +239,9 @@ def flash_bwd_preprocess_kernel(
     do = tl.load(do_ptr + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
                  + offs_d[None, :] * stride_dod, mask=rows, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
+    ### KEY
     delta = tl.sum(o * do, 1)
+    ### END KEY
     ### END SOLUTION
     tl.store(delta_ptr + pid_bh * N_Q + offs_m, delta, mask=offs_m < N_Q)
 
@@ -300,6 +304,7 @@ def flash_bwd_dkdv_kernel(
         keep = rows[None, :] < N_Q
         if CAUSAL:
             keep = keep & (rows[None, :] >= offs_n[:, None])
+        ### KEY
         # Pᵀ rebuilt from the saved LSE: exp(s - lse), already normalised.
         st = tl.where(keep, tl.dot(k, tl.trans(q)) * qk_scale, float("-inf"))
         pt = tl.exp2(st - lse2[None, :])
@@ -307,6 +312,7 @@ def flash_bwd_dkdv_kernel(
         dpt = tl.dot(v, tl.trans(do))
         dst = pt * (dpt - delta[None, :])
         dk = tl.dot(dst.to(q.dtype), q, dk)
+        ### END KEY
     ### END SOLUTION
     dk = dk * sm_scale  # S = scale · Q Kᵀ: the scale comes back out of the chain rule
     tl.store(dk_ptr + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -371,11 +377,13 @@ def flash_bwd_dq_kernel(
         keep = cols[None, :] < N_K
         if CAUSAL:
             keep = keep & (offs_m[:, None] >= cols[None, :])
+        ### KEY
         s = tl.where(keep, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, vt)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
+        ### END KEY
     ### END SOLUTION
     dq = dq * sm_scale
     tl.store(dq_ptr + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,

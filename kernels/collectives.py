@@ -101,18 +101,26 @@ def ring_allreduce(x: torch.Tensor, average: bool = False) -> torch.Tensor:
     chunks = flat.tensor_split(world)  # views of flat, contiguous, as send requires
     right, left = (rank + 1) % world, (rank - 1) % world
     ### BEGIN SOLUTION
+    ### KEY
     for step in range(world - 1):  # reduce-scatter
         mine, theirs = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
+    ### END KEY
         incoming = torch.empty_like(theirs)
+        ### KEY
         requests = [dist.isend(mine, right), dist.irecv(incoming, left)]
+        ### END KEY
         for request in requests:
             request.wait()
         # The partial sum from the left, plus this rank's own: the ring's order.
+        ### KEY
         theirs += incoming
+        ### END KEY
     if average:  # chunk r + 1 is complete here, and only here
         chunks[(rank + 1) % world].div_(world)
+    ### KEY
     for step in range(world - 1):  # all-gather
         done, arriving = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
+    ### END KEY
         requests = [dist.isend(done, right), dist.irecv(arriving, left)]
         for request in requests:
             request.wait()
@@ -128,9 +136,11 @@ def add_into_kernel(chunk_ptr, incoming_ptr, out_ptr, n, BLOCK: tl.constexpr):
     mask = offsets < n  # a chunk is rarely a multiple of the block
     # Add in fp32 and round once: the sum of two fp16 or bf16 values correctly rounded, as
     # torch's own add gives it (and the interpreter cannot add in bf16).
+    ### KEY
     a = tl.load(chunk_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(incoming_ptr + offsets, mask=mask).to(tl.float32)
     tl.store(out_ptr + offsets, (a + b).to(out_ptr.dtype.element_ty), mask=mask)
+    ### END KEY
     ### END SOLUTION
 
 

@@ -184,10 +184,12 @@ class ShardedLayer:
         if self.gathered:
             return
         ### BEGIN SOLUTION
+        ### KEY
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
-        # Into .data: autograd must not count the refill as a change to the saved weights.
+        # full or full.data alike: each parameter keeps its own version counter.
         self.gathering = dist.all_gather_into_tensor(self.full.data, self.shard.detach(),
                                                      async_op=async_op)
+        ### END KEY
         ### END SOLUTION
         if not async_op:
             self.gathering = None
@@ -201,7 +203,9 @@ class ShardedLayer:
     def free(self) -> None:
         """Give the whole vector's memory back; the shard stays."""
         ### BEGIN SOLUTION
+        ### KEY
         self.full.untyped_storage().resize_(0)
+        ### END KEY
         ### END SOLUTION
 
     def reduce_gradients(self) -> None:
@@ -209,11 +213,15 @@ class ShardedLayer:
         mean over ranks of its own slice, as its shard's gradient. Then the whole
         gradients and weights are freed."""
         ### BEGIN SOLUTION
+        ### KEY
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
         flat = F.pad(flat, (0, self.shard_numel * self.world - self.numel))
+        ### END KEY
         mine = torch.empty_like(self.shard)
+        ### KEY
         dist.reduce_scatter_tensor(mine, flat)
         mine /= self.world  # the mean: gloo has no ReduceOp.AVG (NCCL has)
+        ### END KEY
         if self.shard.grad is None:
             self.shard.grad = mine
         else:  # gradient accumulation over several backward passes
@@ -237,18 +245,24 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Para
     units = [ShardedLayer(block, rank, world) for block in model.blocks]
     ### BEGIN SOLUTION
 
+    ### KEY
     def before_forward(index: int):
+    ### END KEY
         def hook(module, args):
             unit = units[index]
+            ### KEY
             unit.gather()  # a no-op if prefetched
             unit.wait()
             if prefetch and index + 1 < len(units):
                 units[index + 1].gather(async_op=True)
+            ### END KEY
         return hook
 
+    ### KEY
     def after_forward(index: int):
         def hook(module, args, output):
             units[index].free()
+    ### END KEY
         return hook
 
     def before_backward(index: int):
@@ -265,7 +279,9 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Para
             unit.grads_ready += 1
             if unit.grads_ready == len(unit.params):
                 unit.grads_ready = 0
+                ### KEY
                 unit.reduce_gradients()
+                ### END KEY
         return hook
 
     for index, (block, unit) in enumerate(zip(model.blocks, units, strict=True)):
@@ -333,10 +349,12 @@ def sharding_plan(params: float, nodes: int, gpus_per_node: int,
     """
     ### BEGIN SOLUTION
     g, n = gpus_per_node, nodes
+    ### KEY
     held = ADAM_MIXED_BYTES * params / (g if hybrid else n * g)
     nvlink = 3 * (g - 1) / g * 2 * params  # AG, AG, RS: each node's share of the levels
     if hybrid:  # an all-reduce of the gradient shard among the replicas
         network = 2 * (n - 1) / n * 2 * params / g
+    ### END KEY
     else:  # the cross-node level of the three collectives
         network = 3 * (n - 1) / n * 2 * params / g
     return held, nvlink, network

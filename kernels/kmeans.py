@@ -128,6 +128,7 @@ def assign_kernel(x_ptr, c_ptr, labels_ptr, n, k, d,
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
         c = c - shift[None, :]
         # ‖x − c‖² − ‖x‖²: the argmin over c does not need ‖x‖².
+        ### KEY
         dist = tl.sum(c * c, axis=1)[None, :] - 2.0 * tl.dot(
             x, tl.trans(c), input_precision=INPUT_PRECISION)
         dist = tl.where(col_ok[None, :], dist, float("inf"))  # padding never wins
@@ -135,6 +136,7 @@ def assign_kernel(x_ptr, c_ptr, labels_ptr, n, k, d,
         better = tile_best < best  # against the best so far, then update both together
         best_label = tl.where(better, k0 + tile_label.to(tl.int64), best_label)
         best = tl.where(better, tile_best, best)
+        ### END KEY
     ### END SOLUTION
     tl.store(labels_ptr + rows, best_label, mask=row_ok)
 
@@ -148,9 +150,11 @@ def assign(x: torch.Tensor, c: torch.Tensor, precision: str | None = None,
     labels = torch.empty(n, dtype=torch.int64, device=x.device)
     if precision is None:  # the default, and the reason for it
         ### BEGIN SOLUTION
+        ### KEY
         # TF32 keeps 10 bits of mantissa: points nearly as close to two centroids get the
         # wrong one. Three TF32 products give fp32's accuracy on the tensor cores.
         precision = "tf32x3"
+        ### END KEY
         ### END SOLUTION
     block_d = max(16, triton.next_power_of_2(d))
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
@@ -290,16 +294,24 @@ def segment_sum_kernel(x_ptr, order_ptr, sorted_labels_ptr, sums_ptr, n, d,
     next_label = tl.load(sorted_labels_ptr + positions + 1, mask=has_next, other=-1)
     rows = tl.load(x_ptr + point[:, None] * stride_xn + dims[None, :] * stride_xd,
                    mask=valid[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
+    ### KEY
     running = tl.cumsum(rows, axis=0)  # running[i] = rows 0 … i of this block
+    ### END KEY
     last_lane = tl.arange(0, BLOCK_N) == BLOCK_N - 1
+    ### KEY
     run_ends = valid & ((label != next_label) | last_lane)
+    ### END KEY
     # A run ending at lane e adds running[e]; the run after it, in the same block, starts
     # with running[e] already counted, so it takes running[e] away again.
+    ### KEY
     tl.atomic_add(sums_ptr + label[:, None] * d + dims[None, :], running,
                   mask=run_ends[:, None] & dim_ok[None, :], sem="relaxed")
+    ### END KEY
     next_starts = run_ends & has_next & ~last_lane
+    ### KEY
     tl.atomic_add(sums_ptr + next_label[:, None] * d + dims[None, :], -running,
                   mask=next_starts[:, None] & dim_ok[None, :], sem="relaxed")
+    ### END KEY
     ### END SOLUTION
 
 
@@ -350,9 +362,11 @@ def kmeans_plus_plus(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:
     for _ in range(1, k):
         if not bool((nearest > 0).any()):
             raise ValueError(f"k-means++ needs {k} distinct points; x has fewer")
+        ### KEY
         index = int(torch.multinomial(nearest, 1, generator=generator))
         chosen.append(index)
         nearest = torch.minimum(nearest, ((points - points[index]) ** 2).sum(dim=1))
+        ### END KEY
     return points[chosen].clone()
     ### END SOLUTION
 
@@ -370,16 +384,24 @@ def fit(x: torch.Tensor, k: int, seed: int, init: torch.Tensor | None = None
     centroids = kmeans_plus_plus(x, k, seed) if init is None else init.float().clone()
     previous = float("inf")
     for _ in range(MAX_ITER):
+        ### KEY
         labels = assign(x, centroids.to(x.dtype))
+        ### END KEY
         distances = ((points - centroids[labels]) ** 2).sum(dim=1)
         inertia = float(distances.sum())
+        ### KEY
         if previous - inertia <= TOL * inertia:
             break  # converged: these labels belong to these centroids
+        ### END KEY
         previous = inertia
+        ### KEY
         centroids, counts = update_sorted(x, labels, k)
+        ### END KEY
         empty = torch.nonzero(counts == 0).flatten()
+        ### KEY
         if len(empty):  # the policy: each empty cluster takes one of the farthest points
             centroids[empty] = points[torch.topk(distances, len(empty)).indices]
+        ### END KEY
     else:  # out of iterations, just after an update: label the points once more
         labels = assign(x, centroids.to(x.dtype))
         inertia = float(((points - centroids[labels]) ** 2).sum())

@@ -35,9 +35,11 @@ def matmul_rows_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     ### BEGIN SOLUTION
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k in range(0, K):
+        ### KEY
         a = tl.load(a_ptr + row * stride_am + k * stride_ak).to(tl.float32)  # one element
         b = tl.load(b_ptr + k * stride_bk + cols * stride_bn, mask=mask, other=0.0)
         acc += a * b.to(tl.float32)
+        ### END KEY
     ### END SOLUTION
     tl.store(c_ptr + row * stride_cm + cols * stride_cn, acc.to(c_ptr.dtype.element_ty),
              mask=mask)
@@ -61,10 +63,14 @@ def tile_coordinates(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     before moving one column right (GROUP_M = 1: plain row-major order)."""
     ### BEGIN SOLUTION
     per_group = GROUP_M * tiles_n
+    ### KEY
     first_m = (pid // per_group) * GROUP_M
+    ### END KEY
     group_size = min(tiles_m - first_m, GROUP_M)  # the last group may be shorter
+    ### KEY
     pid_m = first_m + (pid % per_group) % group_size
     pid_n = (pid % per_group) // group_size
+    ### END KEY
     ### END SOLUTION
     return pid_m, pid_n
 
@@ -76,12 +82,16 @@ def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.conste
     kernels, each would read and write all of C once more."""
     if HAS_BIAS:
         ### BEGIN SOLUTION
+        ### KEY
         bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
         acc += bias[None, :].to(tl.float32)
+        ### END KEY
         ### END SOLUTION
     if ACTIVATION == "relu":
         ### BEGIN SOLUTION
+        ### KEY
         acc = tl.maximum(acc, 0.0)
+        ### END KEY
         ### END SOLUTION
     if ACTIVATION == "gelu":  # tanh approximation, tanh from exp(-2|u|) so nothing overflows
         u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
@@ -106,16 +116,22 @@ def matmul_kernel(
     ### BEGIN SOLUTION
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ### KEY
     for k0 in range(0, K, BLOCK_K):
+    ### END KEY
         k = k0 + rk
+        ### KEY
         a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :] * stride_ak,
                     mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
         b = tl.load(b_ptr + k[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        ### END KEY
         if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
             a = a.to(tl.float32)
             b = b.to(tl.float32)
+        ### KEY
         acc += tl.dot(a, b, input_precision=INPUT_PRECISION)
+        ### END KEY
     ### END SOLUTION
     acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACTIVATION)  # off until step 7
     c = acc.to(c_ptr.dtype.element_ty)
@@ -176,9 +192,11 @@ def matmul_tensor_core(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # 128×128 fp32 accumulator / (8 warps × 32 threads) = 64 registers a thread.
     # Shared memory: 3 stages × (128×64 + 64×128) × 2 B = 96 KiB for fp16/bf16;
     # fp32 (TF32) tiles are twice as wide in bytes, so half the K: also 96 KiB.
+    ### KEY
     block_k = 64 if a.element_size() == 2 else 32
     return matmul(a, b, block_m=128, block_n=128, block_k=block_k, group_m=8,
                   num_warps=8, num_stages=3)
+    ### END KEY
     ### END SOLUTION
 
 
@@ -193,19 +211,25 @@ def matmul_configs() -> list[triton.Config]:
     leave most SMs idle; more stages where BLOCK_K is small, so loads stay ahead of the
     tensor cores."""
     ### BEGIN SOLUTION
+    ### KEY
     def config(bm: int, bn: int, bk: int, warps: int, stages: int) -> triton.Config:
         return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
                              num_warps=warps, num_stages=stages)
+    ### END KEY
 
+    ### KEY
     return [
         config(128, 256, 64, 8, 3),  # Hopper's sweet spot for large fp16/bf16
+    ### END KEY
         config(256, 128, 64, 8, 3),
         config(128, 128, 64, 8, 4),
         config(128, 128, 32, 4, 4),
         config(128, 64, 64, 4, 4),
         config(64, 128, 64, 4, 4),
         config(64, 64, 64, 4, 4),
+        ### KEY
         config(32, 128, 64, 4, 4),  # a short M (a few tokens): don't waste rows of the tile
+        ### END KEY
         config(64, 32, 128, 4, 4),  # a short N
     ]
     ### END SOLUTION

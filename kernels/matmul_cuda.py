@@ -48,7 +48,9 @@ DOWN_THE_COLUMNS = """
 # Consecutive threads take consecutive columns: coalesced.
 ALONG_THE_ROWS = """
     // BEGIN SOLUTION
+    // KEY
     long long row = i / N, col = i % N;
+    // END KEY
     // END SOLUTION
 """
 

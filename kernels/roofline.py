@@ -15,9 +15,11 @@ import time
 def cost_vector_add(n, dtype_bytes):
     """FLOPs and compulsory bytes of out = x + y, all three of n elements."""
     ### BEGIN SOLUTION
+    ### KEY
     flops = n  # one addition per output element
     nbytes = 3 * n * dtype_bytes  # read x, read y, write out
     return flops, nbytes
+    ### END KEY
     ### END SOLUTION
 
 
@@ -25,8 +27,10 @@ def cost_softmax(rows, cols, dtype_bytes):
     """FLOPs and compulsory bytes of a softmax over each row of a rows x cols matrix."""
     ### BEGIN SOLUTION
     elements = rows * cols
+    ### KEY
     flops = 5 * elements  # max, subtract, exp, sum, divide
     nbytes = 2 * elements * dtype_bytes  # input read once, output written once
+    ### END KEY
     return flops, nbytes
     ### END SOLUTION
 
@@ -34,19 +38,23 @@ def cost_softmax(rows, cols, dtype_bytes):
 def cost_matmul(m, n, k, dtype_bytes):
     """FLOPs and compulsory bytes of C (m x n) = A (m x k) @ B (k x n)."""
     ### BEGIN SOLUTION
+    ### KEY
     flops = 2 * m * n * k  # m*n dot products of length k: k multiplies, k additions
     nbytes = (m * k + k * n + m * n) * dtype_bytes  # read A and B, write C
     return flops, nbytes
+    ### END KEY
     ### END SOLUTION
 
 
 def cost_attention(batch, heads, seq, head_dim, dtype_bytes, causal):
     """FLOPs (the two matmuls only) and compulsory bytes (Q, K, V in; O out)."""
     ### BEGIN SOLUTION
+    ### KEY
     flops = 4 * batch * heads * seq * seq * head_dim  # 2 matmuls of 2*S*S*D per head
     if causal:
         flops //= 2  # only the lower triangle of the scores is computed
     nbytes = 4 * batch * heads * seq * head_dim * dtype_bytes  # Q, K, V read; O written
+    ### END KEY
     return flops, nbytes
     ### END SOLUTION
 
@@ -54,9 +62,11 @@ def cost_attention(batch, heads, seq, head_dim, dtype_bytes, causal):
 def time_floor(flops, nbytes, peak_flops, bandwidth):
     """The least time the work can take, in seconds, and the bound: "memory" or "compute"."""
     ### BEGIN SOLUTION
+    ### KEY
     compute_s = flops / peak_flops
     memory_s = nbytes / bandwidth
     return max(compute_s, memory_s), ("compute" if compute_s >= memory_s else "memory")
+    ### END KEY
     ### END SOLUTION
 
 
@@ -68,9 +78,11 @@ def measure(launch, synchronize):
     synchronize()
     times = []
     for _ in range(50):
+    ### KEY
         start = time.perf_counter()
         launch()
         synchronize()  # wait for this run's work before reading the clock
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+    ### END KEY
     ### END SOLUTION

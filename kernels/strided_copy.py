@@ -18,8 +18,10 @@ def strided_copy_kernel(x_ptr, out_ptr, n, stride, BLOCK: tl.constexpr):
     ### BEGIN SOLUTION
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n  # n output elements; the last block may run past them
+    ### KEY
     values = tl.load(x_ptr + offsets * stride, mask=mask)  # consecutive lanes, `stride` apart
     tl.store(out_ptr + offsets, values, mask=mask)  # consecutive lanes, consecutive addresses
+    ### END KEY
     ### END SOLUTION
 
 

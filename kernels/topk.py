@@ -57,9 +57,13 @@ def float_key(x):
     # above every negative one. A negative float's bits grow as the value *falls*
     # (-2.0 is 0xC0000000, -1.0 is 0xBF800000): flip them all (x ^ 0xFFFFFFFF; ~x does
     # the same, but Triton 3.6's interpreter fails on ~ of an unsigned integer).
+    ### KEY
     key = tl.where((bits >> 31) == 1, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    ### END KEY
     # 0 * inf gives a NaN with the sign bit set, which would land below -inf.
+    ### KEY
     key = tl.where(x != x, 0xFFFFFFFF, key)
+    ### END KEY
     ### END SOLUTION
     return key
 
@@ -177,10 +181,12 @@ def topk_rows_kernel(x_ptr, values_ptr, indices_ptr, N, K, stride_xm, stride_xn,
         mask = cols < N
         x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask, other=0.0)
         ### BEGIN SOLUTION
+        ### KEY
         # Lanes past the row's end must never win: give them the empty word, 0.
         words = tl.where(mask, pack(float_key(x), cols), 0)
         # The block's own top K_PAD, then the top K_PAD of it and the running ones.
         running = merge_top(running, top_k(words, K_PAD))
+        ### END KEY
         ### END SOLUTION
     store_top(running, values_ptr, indices_ptr, row, K, stride_vm, stride_im, K_PAD)
 
@@ -234,9 +240,11 @@ def threshold_bucket(hist, k):
     number in that bucket."""
     digits = tl.arange(0, hist.shape[0])
     ### BEGIN SOLUTION
+    ### KEY
     at_or_above = tl.cumsum(hist, 0, reverse=True)  # candidates in bucket d or higher
     # at_or_above never grows with d: the buckets where it is still >= k are 0..bucket.
     bucket = tl.sum((at_or_above >= k).to(tl.int32), 0) - 1
+    ### END KEY
     above = tl.sum(tl.where(digits > bucket, hist, 0), 0)
     inside = tl.sum(tl.where(digits == bucket, hist, 0), 0)
     ### END SOLUTION
@@ -288,10 +296,14 @@ def radix_histogram_kernel(x_ptr, hist_ptr, N, K, CAP, stride_xm, stride_xn, CHU
         x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask, other=0.0)
         ### BEGIN SOLUTION
         key = float_key(x)
+        ### KEY
         digit = ((key >> shift) & (BINS - 1)).to(tl.int32)
+        ### END KEY
         # Only the elements under the prefix chosen so far (at level 0: all of them).
+        ### KEY
         under = mask & ((key.to(tl.uint64) >> (shift + 8)) == prefix)
         counts += tl.histogram(digit, BINS, mask=under)
+        ### END KEY
         ### END SOLUTION
     tl.atomic_add(hist_ptr + (row * LEVELS + LEVEL) * BINS + tl.arange(0, BINS), counts,
                   mask=tl.arange(0, BINS) < tl.where(fits != 0, 0, BINS))
@@ -319,15 +331,19 @@ def radix_filter_kernel(x_ptr, hist_ptr, cand_ptr, counts_ptr, N, K, CAP, stride
         x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask, other=0.0)
         key = float_key(x)
         ### BEGIN SOLUTION
+        ### KEY
         top = key.to(tl.uint64) >> shift
         above = mask & (top > prefix)
         under = mask & (top == prefix)
+        ### END KEY
         words = pack(key, cols)
         n_above = tl.sum(above.to(tl.int32), 0)
         if n_above > 0:  # most blocks have none: skip the atomic
+            ### KEY
             first = tl.atomic_add(counts_ptr + row * 2, n_above)  # reserve n_above slots
             slot = first + tl.cumsum(above.to(tl.int32), 0) - 1
             tl.store(cand_ptr + row * CAP + slot, words.to(tl.int64, bitcast=True), mask=above)
+            ### END KEY
         n_under = tl.sum(under.to(tl.int32), 0)
         if n_under > 0:
             first = tl.atomic_add(counts_ptr + row * 2 + 1, n_under)
@@ -435,8 +451,10 @@ def merge_topk_kernel(a_values_ptr, a_indices_ptr, NA, b_values_ptr, b_indices_p
     ### BEGIN SOLUTION
     # Sort keys with a payload: the slot each candidate came from, a's first, then b's.
     # The positions themselves need not fit in 32 bits: they are fetched by slot after.
+    ### KEY
     a_words = tl.where(slots < NA, pack(float_key(a), slots), 0)
     b_words = tl.where(slots < NB, pack(float_key(b), slots + K_PAD), 0)
+    ### END KEY
     best = merge_top(a_words, b_words)
     slot = (best & 0xFFFFFFFF).to(tl.int32)
     from_a = slot < K_PAD
@@ -476,9 +494,11 @@ class StreamingTopK:
         # The chunk's own top k (a chunk shorter than k: all of it): one program for a
         # chunk that fits a block, many for a long one. Then merge it into the top k so
         # far, its positions counted from where it starts. Nothing of the chunk is kept.
+        ### KEY
         topk = topk_rows if chunk.numel() <= 8192 else topk_radix
         values, indices = topk(chunk[None, :], min(self.k, chunk.numel()))
         self._absorb(values[0], indices[0], self.offset + self.seen)
+        ### END KEY
         self.seen += chunk.numel()
         ### END SOLUTION
 

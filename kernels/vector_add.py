@@ -16,13 +16,19 @@ import triton.language as tl
 def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     ### BEGIN SOLUTION
     pid = tl.program_id(axis=0)
+    ### KEY
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n  # the last block may run past the end
+    ### END KEY
     # Add in fp32: exact for fp16/bf16 inputs, and bf16 arithmetic is wrong in the
     # interpreter.
+    ### KEY
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    ### END KEY
     y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
+    ### KEY
     tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
+    ### END KEY
     ### END SOLUTION
 
 

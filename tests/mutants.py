@@ -3,7 +3,7 @@ a problem cut down to the cases that show one bug, and the verdict on correctnes
 
 A mutant is kernels/<module>.py with a few lines changed: the bug a learner would write.
 Grading it on the one kind of case that shows its bug keeps the suite fast; the full
-problems run once each in test_solutions.py and test_hints.py.
+problems run once each in test_solutions.py.
 """
 
 from __future__ import annotations

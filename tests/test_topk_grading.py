@@ -4,7 +4,7 @@ ways, fail wrong and cheating ones, and name the classic bug when the evidence s
 Each mutant is the course's kernel module with one line changed: the bug a learner would
 write. Most are graded on the one kind of case that shows their bug (the same notes exist
 in both worlds' cases), so that the suite stays fast; the full problems run once each in
-test_solutions.py and test_hints.py.
+test_solutions.py.
 """
 
 import importlib.util

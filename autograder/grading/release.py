@@ -11,8 +11,8 @@ The repository holds every answer: the solution regions in ``kernels/``, the lab
   that each learner notebook runs and fails only at its checks;
 * the same ``make lab`` and ``make test``.
 
-The hints' last level, the answer, reads the solution regions of ``kernels/``: in a release
-there are none, and it says so.
+The hints' last level, the answer's key lines, reads the solution regions of ``kernels/``:
+in a release there are none, and it says so.
 """
 
 from __future__ import annotations

@@ -168,8 +168,9 @@ register(Problem(
            "converts with e4m3_bits (which saturates at ±448: e4m3 has no inf) and stores "
            "the bytes; and it folds its largest |x| into amax with an atomic. The scale came "
            "from an earlier step: nothing waits for this step's amax.",
-           "tl.store(q_ptr + offsets, e4m3_bits(x * tl.load(scale_ptr)), mask=mask), then "
-           "tl.atomic_max(amax_ptr, tl.max(tl.abs(x), axis=0)): masked lanes loaded 0, "
-           "which never wins."),
+           "The scale is a one-element tensor: load it through its pointer and multiply "
+           "before converting. The amax is of x itself, not of the scaled x, and one atomic "
+           "max a block is enough: lanes past the end loaded 0, which never wins a max of "
+           "magnitudes."),
     answer_in=("fp8_quantize_kernel",),
 ))
