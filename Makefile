@@ -19,7 +19,7 @@ OUT ?= bench/results
 # JupyterLab refuses to start as root unless told it may (containers often run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint build book browser-test gpu-check gpu-test gpu-notebooks gpu-bench clean
+.PHONY: lab test lint build book record browser-test gpu-check gpu-test gpu-notebooks gpu-bench clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rooflab needs Python 3.10+"'
@@ -53,12 +53,22 @@ lint: $(STAMP)
 build: $(STAMP)
 	$(BIN)/rooflab build
 
-# The course as a website, in book/_build/html: the learner notebooks of labs/ and the
-# concept pages of book/concepts/, built by mystmd (Jupyter Book 2), pinned in
-# book/package-lock.json and installed in book/node_modules. Needs Node.js 18+ and npm, not
-# .venv. Look at it with `python3 -m http.server -d book/_build/html`.
+# The course as a website, in book/_build/html: the learner notebooks of labs/ with the
+# outputs recorded in book/recorded/, and the concept pages of book/concepts/, built by
+# mystmd (Jupyter Book 2), pinned in book/package-lock.json and installed in
+# book/node_modules. Needs Node.js 18+ and npm, not .venv. Look at it with
+# `python3 -m http.server -d book/_build/html`. Its launch buttons point where
+# ROOFLAB_JUPYTERLAB_URL says, if set (`none`: no button), else where book/myst.yml says.
 book: book/node_modules/.package-lock.json
 	cd book && node_modules/.bin/myst build --html
+
+# Run every solved notebook (or those named: `make record LABS="00_roofline 03_softmax"`) and
+# keep its outputs, laid on the learner's cells, in book/recorded/ for the book; commit them.
+# On a GPU it records measurements; without one, predictions (five to ten minutes). Its
+# charts are drawn in Chromium, as the browser tests' are. Not run by CI.
+LABS ?=
+record: $(STAMP)
+	$(BIN)/python -m rooflab.autograder.course.record $(LABS)
 
 book/node_modules/.package-lock.json: book/package.json book/package-lock.json
 	@command -v npm >/dev/null || { echo "make book needs Node.js 18+ and npm"; exit 1; }

@@ -111,3 +111,81 @@ def test_build_check_fails_after_a_master_changes(tmp_path, capsys):
     assert "stale: labs/" in capsys.readouterr().out
     assert main(["build", "--root", str(tmp_path)]) == EXIT_PASS  # rebuild
     assert main(["build", "--check", "--root", str(tmp_path)]) == EXIT_PASS
+
+
+# --- the outputs recorded for the book (`make record`, book/recorded/) ---------------------
+
+
+def _code(cell_id: str, source: str, outputs: list, tags: tuple[str, ...] = ()) -> dict:
+    return {"cell_type": "code", "id": cell_id, "source": source, "outputs": outputs,
+            "execution_count": None, "metadata": {"tags": list(tags)} if tags else {}}
+
+
+def test_a_recording_lays_what_a_page_can_show_on_the_learners_unchanged_cells():
+    from rooflab.autograder.course import record
+
+    figure = {"data": [], "layout": {"title": {"text": "Roofline"}, "height": 300}}
+    printed = [{"output_type": "stream", "name": "stdout", "text": "ridge "},
+               {"output_type": "stream", "name": "stdout", "text": "at 20\n"}]
+    widget = {"output_type": "display_data", "metadata": {}, "data": {
+        "text/plain": "interactive(...)",
+        record.WIDGET_VIEW: {"model_id": "box", "version_major": 2, "version_minor": 0}}}
+    state = {"box": {"model_name": "VBoxModel",
+                     "state": {"children": ["IPY_MODEL_pick", "IPY_MODEL_out"]}},
+             "pick": {"model_name": "DropdownModel", "state": {
+                 "description": "card", "index": 1, "_options_labels": ["H100", "L4"]}},
+             "out": {"model_name": "OutputModel", "state": {"outputs": [
+                 {"output_type": "display_data", "metadata": {},
+                  "data": {record.PLOTLY: figure}}]}}}
+    run = {"metadata": {"widgets": {record.WIDGET_STATE: {"state": state}}}, "cells": [
+        _code("a", "plot()", [*printed, {"output_type": "display_data", "metadata": {},
+                                         "data": {record.PLOTLY: figure}}]),
+        _code("b", "def f():\n    return 42", [{"output_type": "stream", "name": "stdout",
+                                                 "text": "the answer\n"}], ("solution",)),
+        _code("c", "check()", [{"output_type": "error", "ename": "E", "evalue": "",
+                                "traceback": []},
+                               {"output_type": "display_data", "metadata": {}, "data": {
+                                   "text/html": "<script>x()</script>",
+                                   "text/plain": "<IPython.core.display.HTML object>"}}]),
+        _code("d", "explore_widget()", [widget])]}
+    learner = {"metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4,
+               "nbformat_minor": 5, "cells": [
+                   {"cell_type": "markdown", "id": "m", "source": "# Lab", "metadata": {}},
+                   *[_code(c["id"], c["source"], [], tuple(c["metadata"].get("tags", [])))
+                     for c in run["cells"]]]}
+    stub_source = "def f():\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+    learner["cells"][2]["source"] = stub_source
+
+    def draw(fig: dict) -> str:
+        return f"<svg>{record.chart_title(fig)}</svg>"
+
+    about = {"name": "cpu", "measured": False, "date": "2026-11-27"}
+    notebook = record.learner_with_outputs(learner, run, draw, about)
+    plot, stub, check, explore = notebook["cells"][1:]
+    assert plot["outputs"] == [
+        {"output_type": "stream", "name": "stdout", "text": "ridge at 20\n"},
+        {"output_type": "display_data", "data": {"image/svg+xml": "<svg>Roofline</svg>",
+                                                 "text/plain": "Chart: Roofline"},
+         "metadata": {"image/svg+xml": {"width": record.CHART_WIDTH, "height": 300}}}]
+    assert stub["outputs"] == [] and "YOUR CODE HERE" in stub["source"]  # no answer shown
+    assert check["outputs"] == []  # the error, and HTML that needs a script, left out
+    note, chart = explore["outputs"]
+    assert "first drawn: card = L4." in note["data"]["text/plain"]
+    assert chart["data"]["image/svg+xml"] == "<svg>Roofline</svg>"
+    assert notebook["metadata"]["rooflab"]["recorded"] == about
+    assert "widgets" not in notebook["metadata"]
+    assert json.loads(record.notebook_text(notebook)) == notebook
+
+
+def test_the_committed_recordings_are_learner_notebooks_with_their_origin():
+    recorded = sorted((ROOT / "book" / "recorded").glob("[0-9][0-9]_*.ipynb"))
+    labs = {p.name for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb")}
+    assert recorded and {p.name for p in recorded} <= labs
+    assert sum(p.stat().st_size for p in recorded) < 4 * 2**20  # the book stays light
+    for path in recorded:
+        notebook = json.loads(path.read_text())
+        about = notebook["metadata"]["rooflab"]["recorded"]
+        assert {"date", "measured", "name"} <= set(about), path.name
+        for cell in notebook["cells"]:
+            if "solution" in cell.get("metadata", {}).get("tags", []):
+                assert cell["outputs"] == [], f"{path.name} {cell['id']}: outputs on a stub"

@@ -56,12 +56,45 @@ function tableCell(node, ctx) {
   return `<${tag}${align}>${children(node, ctx)}</${tag}>`;
 }
 
+function joined(value) {
+  return Array.isArray(value) ? value.join('') : String(value ?? '');
+}
+
+function picture(mime, content, alt, size) {
+  const base64 = mime === 'image/svg+xml' ? Buffer.from(joined(content)).toString('base64')
+    : joined(content).replace(/\s/g, '');
+  const dims = size && size.width && size.height
+    ? ` width="${Number(size.width)}" height="${Number(size.height)}"` : '';
+  return `<img class="chart" src="data:${mime};base64,${base64}" alt="${escape(alt)}"${dims}>`;
+}
+
+// One recorded output (see book/recorded/): text, a check card, or a chart drawn as SVG.
+// The recording keeps only what a static page can show, and HTML without scripts.
+function output(out) {
+  if (out.output_type === 'stream') {
+    return `<pre class="output stream ${escape(out.name)}">${escape(joined(out.text))}</pre>`;
+  }
+  const data = out.data || {};
+  const alt = joined(data['text/plain']);
+  for (const mime of ['image/svg+xml', 'image/png', 'image/jpeg']) {
+    if (data[mime]) {
+      return `<div class="output picture">${picture(mime, data[mime], alt, (out.metadata || {})[mime])}</div>`;
+    }
+  }
+  if (data['text/html']) return `<div class="output html">${joined(data['text/html'])}</div>`;
+  if (data['text/plain']) return `<pre class="output">${escape(alt)}</pre>`;
+  return '';
+}
+
 function cell(node, ctx) {
-  // A notebook code cell: its source, and nothing of its outputs (the labs ship without).
+  // A notebook code cell: its source, then the outputs recorded for this very code, if any.
   const tags = (node.data && node.data.tags) || [];
   const label = tags.includes('check') ? '<span class="cell-label">check</span>' : '';
   const code = (node.children || []).filter((c) => c.type === 'code');
-  return `<div class="cell">${label}${code.map(codeBlock).join('')}</div>`;
+  const recorded = ctx.outputsFor ? ctx.outputsFor(code.map((c) => c.value || '').join('\n')) : [];
+  const outputs = recorded.length
+    ? `<div class="outputs">${recorded.map(output).join('')}</div>` : '';
+  return `<div class="cell">${label}${code.map(codeBlock).join('')}${outputs}</div>`;
 }
 
 function render(node, ctx) {
@@ -158,4 +191,4 @@ function render(node, ctx) {
   }
 }
 
-module.exports = { render, escape, highlightPython };
+module.exports = { render, escape, highlightPython, output, joined };

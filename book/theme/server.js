@@ -7,14 +7,15 @@
 const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
-const { render, escape } = require('./render.js');
+const { render, escape, joined } = require('./render.js');
 
 const HOST = process.env.HOST || 'localhost';
 const PORT = Number(process.env.PORT || 3000);
 const CONTENT = `http://localhost:${process.env.CONTENT_CDN_PORT || 3100}`;
 const BASE = (process.env.BASE_URL || '').replace(/\/$/, '');
 const PUBLIC = path.join(__dirname, 'public');
-const DEFAULT_JUPYTERLAB = 'http://localhost:8888/lab/tree/';
+// Outputs of a recorded run of each lab, laid on the learner's cells (`make record`).
+const RECORDED = path.join(__dirname, '..', 'recorded');
 const TYPES = { '.css': 'text/css', '.svg': 'image/svg+xml', '.png': 'image/png',
   '.json': 'application/json', '.ipynb': 'application/json', '.md': 'text/markdown' };
 
@@ -50,18 +51,94 @@ function navigation(project, index, current) {
   return `<nav class="toc" aria-label="Contents"><ul>${items.join('')}</ul></nav>`;
 }
 
-// A lab is a notebook: its page opens with where to run it, and what the page leaves out.
-function launchBox(frontmatter, options) {
+// Where a lab's launch button points: ROOFLAB_JUPYTERLAB_URL when the book is built, else
+// the site option jupyterlab_url of myst.yml; the notebook's file name is appended. Empty
+// or "none": no button.
+function launchBase(options) {
+  const setting = (process.env.ROOFLAB_JUPYTERLAB_URL ?? options.jupyterlab_url ?? '').trim();
+  return setting === '' || setting.toLowerCase() === 'none' ? null : setting;
+}
+
+// The address's host ('localhost:8888'), or the address itself where it has none.
+function hostOf(base) {
+  try {
+    return new URL(base).host || base;
+  } catch {
+    return base;
+  }
+}
+
+function isLocal(base) {
+  return /^(localhost|127\.0\.0\.1|\[::1\])(:|$)/.test(hostOf(base));
+}
+
+function whereItRuns(base, filename) {
+  if (!base) {
+    return `<p>Run it in JupyterLab: <code>make lab</code> in a clone of the course starts
+one on your machine, with <code>${escape(filename)}</code> in its folder of labs.</p>`;
+  }
+  const host = escape(hostOf(base));
+  if (isLocal(base)) {
+    return `<p>The button opens the lab in the JupyterLab that <code>make lab</code> starts on
+your machine (at <code>${host}</code>; paste the token it prints if JupyterLab asks for one).</p>`;
+  }
+  return `<p>The button opens the lab in the course's JupyterLab at <code>${host}</code>; sign
+in there if it asks.</p>`;
+}
+
+// A recorded notebook's outputs, by the code of their cell: a cell whose code changed since
+// the recording finds none, and shows none. Cells of the same code take theirs in order.
+function recordedOutputs(notebook) {
+  const byCode = new Map();
+  for (const cell of notebook.cells || []) {
+    if (cell.cell_type !== 'code') continue;
+    const code = joined(cell.source).trimEnd();
+    byCode.set(code, [...(byCode.get(code) || []), cell.outputs || []]);
+  }
+  const about = ((notebook.metadata || {}).rooflab || {}).recorded || {};
+  return { about, outputsFor: (code) => (byCode.get(code.trimEnd()) || []).shift() || [] };
+}
+
+// The recording of a lab (book/recorded/<its notebook>), or null where it has none.
+function recording(filename) {
+  const file = path.join(RECORDED, path.basename(filename));
+  if (!fs.existsSync(file)) return null;
+  return recordedOutputs(JSON.parse(fs.readFileSync(file, 'utf8')));
+}
+
+// Where the outputs on the page come from: a headline a learner can trust, then its detail.
+function recordedOn(about) {
+  const when = about.date ? ` on ${escape(about.date)}` : '';
+  if (about.measured) {
+    return [`Recorded on ${escape(about.name || 'a GPU')}${when}: times measured on that card.`,
+      'Yours will differ on another card.'];
+  }
+  return [`Recorded on a CPU${when}: times are predictions.`, `Nothing was timed: the kernels
+ran in Triton's interpreter, and the course's model predicted their speed on a GPU.`];
+}
+
+function outputsNote(record) {
+  if (!record) {
+    return `<p>This page is the notebook as you get it, without outputs: the charts, the
+widgets and the check cards appear when you run it.</p>`;
+  }
+  const [headline, detail] = recordedOn(record.about);
+  return `<p class="recorded"><strong>${headline}</strong> ${detail} The outputs are those of a
+run with every exercise solved: your own run shows the same charts and check cards once your
+code passes. Widgets are still pictures here.</p>`;
+}
+
+// A lab is a notebook: its page opens with where to run it, and where its outputs come from.
+function launchBox(frontmatter, options, record) {
   const notebook = (frontmatter.exports || []).find((e) => e.format === 'ipynb');
   if (!frontmatter.kernelspec || !notebook) return '';
-  const lab = (options.jupyterlab_url || DEFAULT_JUPYTERLAB) + notebook.filename;
+  const base = launchBase(options);
+  const button = base ? `<a class="launch-link" href="${escape(base + notebook.filename)}">`
+    + `Open ${escape(notebook.filename)} in JupyterLab</a>\n` : '';
   return `<aside class="launch" aria-label="Run this lab">
-<p><a class="launch-link" href="${escape(lab)}">Open ${escape(notebook.filename)} in JupyterLab</a>
-<a class="download" href="${escape(BASE + '/build' + notebook.url)}" download="${escape(notebook.filename)}">Download the notebook</a></p>
-<p>The link opens the lab in the JupyterLab that <code>make lab</code> starts on your machine
-(at <code>localhost:8888</code>; paste the token it prints if JupyterLab asks for one).
-This page is the notebook as you get it, without outputs: the charts, the widgets and the
-check cards appear when you run it.</p>
+<p>${button}<a class="download" href="${escape(BASE + '/build' + notebook.url)}" download="${escape(notebook.filename)}">Download the notebook</a></p>
+${whereItRuns(base, notebook.filename)}
+${outputsNote(record)}
 </aside>`;
 }
 
@@ -102,8 +179,10 @@ async function page(slug) {
   const frontmatter = data.frontmatter || {};
   const title = frontmatter.title || project.title;
   const siteTitle = config.title || project.title;
-  const ctx = { base: BASE };
-  const body = `<h1>${escape(title)}</h1>\n${launchBox(frontmatter, config.options || {})}\n`
+  const notebook = (frontmatter.exports || []).find((e) => e.format === 'ipynb');
+  const record = frontmatter.kernelspec && notebook ? recording(notebook.filename) : null;
+  const ctx = { base: BASE, outputsFor: record ? record.outputsFor : null };
+  const body = `<h1>${escape(title)}</h1>\n${launchBox(frontmatter, config.options || {}, record)}\n`
     + render(data.mdast, ctx);
   const at = pages.findIndex((p) => p.slug === slug);
   const link = (p, rel) => p ? `<a rel="${rel}" href="${pageUrl(p.slug, index.slug)}">`
@@ -156,22 +235,27 @@ async function handle(req, res) {
   res.end(html || '<!DOCTYPE html><title>Not found</title><p>No such page.</p>');
 }
 
-// mystmd gives this server a pipe for stdin and holds it open while it runs. `myst build
-// --html` exits as soon as the pages are written, without waiting for this server to stop:
-// the pipe then closes, and the server goes with it.
-if (!process.stdin.isTTY) {
-  process.stdin.on('end', () => process.exit(0));
-  process.stdin.on('error', () => process.exit(0));
-  process.stdin.resume();
+function serve() {
+  // mystmd gives this server a pipe for stdin and holds it open while it runs. `myst build
+  // --html` exits as soon as the pages are written, without waiting for this server to
+  // stop: the pipe then closes, and the server goes with it.
+  if (!process.stdin.isTTY) {
+    process.stdin.on('end', () => process.exit(0));
+    process.stdin.on('error', () => process.exit(0));
+    process.stdin.resume();
+  }
+  http.createServer((req, res) => {
+    handle(req, res).catch((error) => {
+      console.error(error);
+      res.writeHead(500, { 'Content-Type': 'text/plain' });
+      res.end(String(error));
+    });
+  }).listen(PORT, HOST, () => {
+    // mystmd waits for a line with the address before it starts fetching pages.
+    console.log(`rooflab book theme at http://${HOST}:${PORT}`);
+  });
 }
 
-http.createServer((req, res) => {
-  handle(req, res).catch((error) => {
-    console.error(error);
-    res.writeHead(500, { 'Content-Type': 'text/plain' });
-    res.end(String(error));
-  });
-}).listen(PORT, HOST, () => {
-  // mystmd waits for a line with the address before it starts fetching pages.
-  console.log(`rooflab book theme at http://${HOST}:${PORT}`);
-});
+if (require.main === module) serve();
+
+module.exports = { launchBox, launchBase, recording, recordedOutputs };

@@ -1,7 +1,7 @@
 """The built book (`make book`, in book/_build/html), served by a static HTTP server: every
-page answers, a lab page is the learner's notebook with its launch link, a concept page
-shows its figure and leads to its lab, and nothing of the solutions is published.
-Skipped where the book has not been built."""
+page answers, a lab page is the learner's notebook with its launch link and the charts of
+its recorded run, every concept page shows its picture and leads to its lab, and nothing of
+the solutions is published. Skipped where the book has not been built."""
 
 import functools
 import html
@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "book" / "_build" / "html"
 LABS = sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
+RECORDED = ROOT / "book" / "recorded"
 # The concept pages, in the order of the table of contents (book/myst.yml).
 CONCEPTS = re.findall(r"file: concepts/([\w-]+)\.md", (ROOT / "book" / "myst.yml").read_text())
 JUPYTERLAB = "http://localhost:8888/lab/tree/"
@@ -151,5 +152,52 @@ def test_a_concept_page_shows_its_chart_and_leads_to_its_lab(site, page, screens
     page.locator("article a", has_text="lab 00").click()
     page.wait_for_load_state()
     assert page.locator("article h1").inner_text() == _title(LABS[0])
+    assert failed == []
+    assert page.console_errors == []
+
+
+def _loaded(page, image) -> bool:
+    image.evaluate("img => img.scrollIntoView({block: 'center'})")
+    return page.evaluate("img => img.complete && img.naturalWidth > 0", image.element_handle())
+
+
+@pytest.mark.browser
+def test_a_lab_page_shows_the_charts_and_check_cards_of_its_recorded_run(site, page, screenshot):
+    lab = LABS[0]
+    about = _notebook(RECORDED / lab.name)["metadata"]["rooflab"]["recorded"]
+    failed = _failed_requests(page)
+    page.goto(site + "/")
+    page.locator("nav.toc a", has_text=_title(lab)).click()
+    page.wait_for_load_state()
+    label = page.locator("aside.launch .recorded").inner_text()
+    origin = about["name"] if about["measured"] else "a CPU"
+    assert f"Recorded on {origin} on {about['date']}" in label
+    assert about["measured"] or "times are predictions" in label
+    charts = page.locator("article .cell .outputs img.chart")
+    assert charts.count() >= 1
+    assert all(_loaded(page, chart) for chart in charts.all())
+    assert charts.first.get_attribute("alt").startswith("Chart: Roofline")
+    # A chart sits under the cell that drew it, a check card under its check cell.
+    drawn = page.locator("article .cell", has=page.locator("img.chart")).first
+    assert "roofline_figure(" in drawn.locator("pre.code").inner_text()
+    checks = page.locator("article .cell", has=page.locator(".cell-label"))
+    assert any("PASS" in check.inner_text() for check in checks.all())
+    charts.first.evaluate("img => img.scrollIntoView({block: 'center'})")
+    screenshot(page, "book-lab-00_roofline-chart")
+    assert failed == []
+    assert page.console_errors == []
+
+
+@pytest.mark.browser
+def test_every_concept_page_shows_its_picture(site, page, screenshot):
+    failed = _failed_requests(page)
+    for name in CONCEPTS:
+        page.goto(site + f"/concepts/{name}")
+        picture = page.locator("article img")
+        assert picture.count() == 1, name
+        assert _loaded(page, picture), name
+        assert len(picture.get_attribute("alt")) > 40, f"{name}: say what the picture shows"
+        if name == "tiling":
+            screenshot(page, "book-concept-tiling")
     assert failed == []
     assert page.console_errors == []
