@@ -117,7 +117,6 @@ def test_a_plain_python_card_mentions_no_interpreter_and_no_prediction():
 
 
 # --- amp/fused_adamw: a found-inf flag stored by every program --------------------------------
-# (needs ``from rooflab.autograder.problems.amp import adamw`` with the imports above)
 
 EVERY_PROGRAM_STORES = ("    if tl.sum(bad.to(tl.int32), axis=0) > 0:\n",
                         "    tl.store(found_ptr, (tl.sum(bad.to(tl.int32), axis=0) > 0).to("
