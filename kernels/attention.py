@@ -198,7 +198,6 @@ def flash_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward. Returns ``(o, lse)``: o of q's shape and dtype, and the
     natural-log log-sum-exp of each row's scaled scores, fp32, (batch, heads, seq_q).
-
     q is (batch, heads, seq_q, head_dim), k and v (batch, heads, seq_k, head_dim); seq_q
     and seq_k may differ. ``block_m``/``block_n`` override the block sizes (≥ 16)."""
     _check_inputs(q, k, v)

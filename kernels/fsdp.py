@@ -235,7 +235,6 @@ class ShardedLayer:
 def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Parameter]:
     """Shard every block of ``model`` across the ranks (ZeRO-3) and return the shards,
     one flat parameter per block, for the optimizer: ``AdamW(shard_layers(model))``.
-
     Afterwards ``loss_fn(model, x, y).backward()`` works as before, leaves each shard's
     gradient as the mean over ranks, and leaves every block sharded. With ``prefetch``,
     each block's forward first issues the next block's all-gather, asynchronously, so that

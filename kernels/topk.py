@@ -193,7 +193,9 @@ def topk_rows_kernel(x_ptr, values_ptr, indices_ptr, N, K, stride_xm, stride_xn,
 
 def topk_rows(x: torch.Tensor, k: int, block: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest entries of each row of ``x`` and their column indices, descending.
+    """The k largest entries of each row of the 2-D ``x`` (fp32, fp16 or bf16, of any
+    strides) and their column indices, descending, as ``torch.topk(x, k)`` returns them:
+    values in x's dtype, indices int64, NaN above every number, ties in any order.
 
     One program per row. Where it stops scaling:
 

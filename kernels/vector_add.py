@@ -24,9 +24,7 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     # interpreter.
     ### KEY
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    ### END KEY
     y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
-    ### KEY
     tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
     ### END KEY
     ### END SOLUTION

@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -354,9 +355,16 @@ def test_an_interrupted_check_leaves_no_process(watch):
         time.sleep(0.5)
         _thread.interrupt_main()
 
-    threading.Thread(target=interrupt_once_the_ranks_run, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        grade(spec_with(2), collectives.ring_allreduce_deadlock, time_limit=0)
+    # As in a Jupyter kernel, Python handles SIGINT here, even where this test was started
+    # in the background of a shell, which starts it ignored (interrupt_main then does
+    # nothing, and the ranks, with no limit, would wait forever).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_the_ranks_run, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            grade(spec_with(2), collectives.ring_allreduce_deadlock, time_limit=0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(watch.pids) == 3 and not watch.left_behind()
 
 

@@ -48,6 +48,11 @@ def test_an_unwritten_way_stops_nothing_the_other_way_can_still_pass():
     assert "solved from scratch above" in after.causes[0]
     assert passed("coalescing/vector_add") and passing("coalescing/vector_add") is vector_add
 
+    # The blank cell run again unwritten: its names are stubs again, and nothing keeps
+    # the pass it had (the scaffolded cell runs, and the charts take the course's kernel).
+    check("coalescing/vector_add", unwritten, scratch=True, show=False)
+    assert not passed("coalescing/vector_add") and passing("coalescing/vector_add") is None
+
     # An unwritten scaffolded cell with no from-scratch pass before it stops the run.
     def scaffolded(x, y, block=1024):
         return vector_add(x, y, block)

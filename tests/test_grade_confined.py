@@ -45,12 +45,20 @@ def _with(notebook: dict, changes: dict) -> dict:
     return notebook
 
 
-# Lab 01's three exercises, each handed in as an import of the course's own kernel.
-IMPORTS_THE_ANSWERS = {
-    "01-007": lambda s: "from rooflab.kernels.vector_add import add_kernel, vector_add\n",
-    "01-010": lambda s: "from rooflab.kernels.strided_copy import strided_copy\n",
-    "01-027": lambda s: "from rooflab.kernels.transpose import transpose\n",
-}
+def _imports_the_answers(notebook: dict) -> dict:
+    """Lab 01's three exercises (vector add both ways in), each handed in as an import of
+    the course's own kernel, in every cell that defines it."""
+    imports = {"def vector_add(": "from rooflab.kernels.vector_add import add_kernel, "
+                                  "vector_add\n",
+               "def strided_copy(": "from rooflab.kernels.strided_copy import strided_copy\n",
+               "def transpose(": "from rooflab.kernels.transpose import transpose\n"}
+    changes = {}
+    for cell in notebook["cells"]:
+        for defines, line in imports.items():
+            if cell["cell_type"] == "code" and defines in "".join(cell["source"]):
+                changes[cell["id"]] = lambda s, line=line: line
+    assert len(changes) == 4, changes
+    return _with(notebook, changes)
 
 
 # Lab 00's six exercises, each handed in as the grader's own reference.
@@ -142,7 +150,7 @@ def graded(tmp_path_factory):
     paths = {"out": out, "labs": course / "labs", "tmp": tmp, "port": server.getsockname()[1],
              "other": handed / "alice.ipynb", "victim": victim}
     notebooks = {"alice": _solved("01_coalescing"),
-                 "mallory": _with(_solved("01_coalescing"), IMPORTS_THE_ANSWERS),
+                 "mallory": _imports_the_answers(_solved("01_coalescing")),
                  "trent": _with(_solved("00_roofline"), BORROWS_THE_REFERENCES),
                  "oscar": _hostile(paths)}
     for learner, notebook in notebooks.items():

@@ -414,7 +414,7 @@ def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bo
     other_way = _the_other_way(spec.id, result, scratch)
     if other_way:
         result.causes = [other_way]
-    else:
+    if not other_way or scratch:  # an unwritten blank cell undoes its own earlier pass
         _last_verdicts[spec.id] = result.passed
         _passing.pop(spec.id, None)
         _passed_from_scratch.pop(spec.id, None)

@@ -168,17 +168,20 @@ def from_scratch(source: str, learner: bool) -> str:
 
 
 def _signature_over_a_stub(source: str) -> list[str]:
-    """A function's decorators, signature and docstring, its body one solution region."""
+    """A function's decorators and signature, the first paragraph of its docstring (the
+    contract; what follows is the course's design notes), its body one solution region."""
     node = ast.parse(source).body[0]
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError(f"rooflab-scratch: {getattr(node, 'name', node)} is not a function")
     lines = source.splitlines()
     first = node.body[0]
-    has_docstring = isinstance(first, ast.Expr) and isinstance(
-        getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str)
-    head_end = first.end_lineno if has_docstring else first.lineno - 1
     indent = " " * first.col_offset
-    return [*lines[:head_end], f"{indent}{BEGIN}", f"{indent}{END}"]
+    contract = (ast.get_docstring(node) or "").split("\n\n")[0]
+    head = lines[: first.lineno - 1]
+    if contract:
+        text = "\n".join(f"{indent}{line}" if line else "" for line in contract.splitlines())
+        head.append(f'{indent}"""{text.lstrip()}"""')
+    return [*head, f"{indent}{BEGIN}", f"{indent}{END}"]
 
 
 def solution(source: str) -> str:

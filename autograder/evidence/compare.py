@@ -95,8 +95,10 @@ def compare(
     if wrong:
         return Comparison(False, cause=wrong)
     if contiguous and not out.is_contiguous():
-        return Comparison(False, cause=f"{name}: not contiguous (strides {out.stride()}); "
-                                       "the exercise asks for a contiguous result, not a view")
+        return Comparison(False, cause=(
+            f"{name}: not contiguous (strides {out.stride()}); the exercise asks for a "
+            "contiguous result: allocate it with torch.empty(shape, ...) (torch.empty_like "
+            "keeps a strided input's strides), and return it, not a view of it"))
     if out.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     unwritten = unwritten_cause(out, name)

@@ -525,9 +525,10 @@ class Prediction:
         if ratio > 1.5:
             return self._excess_traffic(ratio)
         if self.bound == "latency":
-            return ("latency-bound: each step of every program's loop waits for its loads "
-                    "(a loop without tl.dot is not pipelined); more work per step, or more "
-                    "programs in flight, would hide it")
+            return ("latency-bound: each program waits for its loads before it computes "
+                    "(in a loop without tl.dot, at every step: such a loop is not "
+                    "pipelined), and too few programs are in flight to hide the wait; more "
+                    "programs in flight, or more work per load, would hide it")
         if self.bound == "L2 transaction" and self.compulsory:
             return (f"L2-bound: {self.transactions / self.compulsory:.1f}× the compulsory "
                     "bytes cross between L2 and the multiprocessors (data read again from "
