@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rooflab.autograder.evidence import poison
-from rooflab.autograder.evidence.compare import compare
+from rooflab.autograder.evidence.compare import compare, unwritten_cause
 from rooflab.autograder.problem import DEFAULT_TOLERANCES
 
 CPU = torch.device("cpu")
@@ -95,3 +95,13 @@ def test_rounded_reference_passes_and_any_one_element_off_by_the_data_scale_fail
     assert not result.ok
     where = torch.unravel_index(torch.tensor(i), ref.shape)
     assert result.worst_index == tuple(int(j) for j in where)
+
+
+def test_one_block_written_at_the_start_asks_whether_each_program_has_its_own_offset():
+    out = poison.empty((4097,), torch.float32, "cpu")
+    out[:1024] = 1.0  # every program stored the first block
+    assert "start at its own offset, pid * BLOCK?" in unwritten_cause(out)
+    out[2048:3072] = 1.0  # two blocks, not together: no such guess
+    assert "own offset" not in unwritten_cause(out) and "missing tail" in unwritten_cause(out)
+    out[:4096] = 1.0  # a skipped tail: all but the last element
+    assert "own offset" not in unwritten_cause(out) and "missing tail" in unwritten_cause(out)

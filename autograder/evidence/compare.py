@@ -73,10 +73,21 @@ def unwritten_cause(out: torch.Tensor, name: str = "output") -> str:
     unwritten = poison.unwritten_mask(out)
     if not bool(unwritten.any()):
         return ""
-    return (f"{name}: {int(unwritten.sum())} of {out.numel()} elements were never written, "
-            f"first at index {_first(unwritten)} (they hold the poison that fills fresh memory "
-            "during a check: a missing tail, mask or program, or a value computed from memory "
-            "that was never written)")
+    head = (f"{name}: {int(unwritten.sum())} of {out.numel()} elements were never written, "
+            f"first at index {_first(unwritten)}")
+    written = int((~unwritten).sum())
+    flat = unwritten.reshape(-1)
+    if 16 <= written <= flat.numel() - written and written & (written - 1) == 0 \
+            and not bool(flat[:written].any()) and bool(flat[written:].all()):
+        # One power-of-two block at the start, nothing after it, and most of the tensor:
+        # what a grid of one program leaves, or programs that all write the first block
+        # (a skipped tail leaves less than a block).
+        return (f"{head}: only the first {written} were written, the size of one block: "
+                "one program ran, or every program wrote the same block (is the grid "
+                "cdiv(n, BLOCK), and does each program start at its own offset, "
+                "pid * BLOCK?)")
+    return (f"{head} (they hold the poison that fills fresh memory during a check: a missing "
+            "tail, mask or program, or a value computed from memory that was never written)")
 
 
 def compare(
