@@ -84,6 +84,26 @@ def test_the_scaffolded_cell_is_skipped_once_solved_from_scratch():
     assert isinstance(failed.error_in_exec, ValueError)
 
 
+def test_a_forged_pass_from_scratch_hands_nothing_in(monkeypatch):
+    """The verdict kept for a skipped scaffolded cell is shown, never handed in: state
+    planted in the engine by the notebook's own code gives the grader no record."""
+    from rooflab.autograder.checking import engine, handin
+
+    kept = []
+    monkeypatch.setattr(handin, "keep", kept.append)
+    forged = engine.CheckResult("coalescing/vector_add", "CPU", 0)  # no case, no cause
+    monkeypatch.setattr(engine, "_passed_from_scratch", {"coalescing/vector_add": forged})
+    monkeypatch.setattr(engine, "_passing", {"coalescing/vector_add": unwritten})
+    shown = check("coalescing/vector_add", unwritten, show=False)
+    assert shown.passed and "not run again" in shown.skipped[-1] and kept == []
+    # The same stub checked with no such state is handed in, as NOT IMPLEMENTED.
+    monkeypatch.setattr(engine, "_passed_from_scratch", {})
+    monkeypatch.setattr(engine, "_passing", {})
+    with pytest.raises(AssertionError):
+        check("coalescing/vector_add", unwritten, show=False)
+    assert [result.verdict for result in kept] == ["NOT IMPLEMENTED"]
+
+
 def test_a_wrong_answer_from_scratch_fails_and_stops_the_run():
     def wrong(x, y, block=1024):
         return x - y

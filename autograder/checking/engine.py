@@ -415,7 +415,6 @@ def _finish(spec: Problem, result: CheckResult, show: bool, raise_on_failure: bo
     if other_way:
         result.causes = [other_way]
     if not other_way or scratch:  # an unwritten blank cell undoes its own earlier pass
-        _last_verdicts[spec.id] = result.passed
         _passing.pop(spec.id, None)
         _passed_from_scratch.pop(spec.id, None)
         if result.passed:
@@ -508,7 +507,6 @@ def _stubbed(candidate: Callable) -> bool:
     return any(kernel.is_stub for kernel in cuda.kernels_of(candidate))
 
 
-_last_verdicts: dict[str, bool] = {}
 _passing: dict[str, Callable] = {}  # problem id -> what passed its last check
 # ... where that check was the from-scratch way: its result
 _passed_from_scratch: dict[str, CheckResult] = {}
@@ -523,13 +521,13 @@ def solved_from_scratch(problem_id: str) -> bool:
 def passed(problem_id: str) -> bool:
     """Whether the last check of ``problem_id`` in this session passed. Lets a notebook
     show a learner's kernel in a plot only once it works, instead of crashing the cell."""
-    return _last_verdicts.get(problem_id, False)
+    return problem_id in _passing
 
 
 def passing(problem_id: str) -> Callable | None:
     """The function that passed the last check of ``problem_id`` in this session, or
-    None. A chart runs it rather than a name the notebook may since have redefined: the
-    scaffolded cell after a from-scratch solution defines the same names, unwritten."""
+    None: a learner's own cell can run the very function that passed, whatever its name
+    holds since."""
     return _passing.get(problem_id)
 
 
