@@ -121,3 +121,16 @@ def test_a_lost_connection_is_a_consequence_even_when_found_first():
     assert details == ['rank 0 then lost its connection, in recv from rank 1 at step 0 '
                        '(16 B) ("Connection reset by peer"): a consequence of rank 1 ending '
                        'first, not a cause'], details
+
+
+def test_a_wrong_answer_beside_an_unwaited_handle_names_the_handle():
+    # The handle's call may not have crashed anything, only left garbage in its tensor
+    # (a NaN loss): the wrong answer is then put down to the wait that never came.
+    gather = {"e": "call", "seq": 0, "op": "all_gather_into_tensor", "peer": None, "elements": 48,
+              "bytes": 192, "dtype": "float32", "blocking": False, "at": None, "t": 9.0}
+    ranks = [RankRun(r, 0, False, logged(r, {"e": "ready"}, dict(gather),
+                                         {"e": "dropped", "seqs": [0]})) for r in (0, 1)]
+    words = report.unwaited(CaseRun(2, "returned", 15.0, ranks=ranks), {})
+    assert words.startswith("rank 0 never waited for one of its asynchronous calls"), words
+    waited = [RankRun(r, 0, False, logged(r, {"e": "ready"}, dict(gather))) for r in (0, 1)]
+    assert report.unwaited(CaseRun(2, "returned", 15.0, ranks=waited), {}) == ""

@@ -76,6 +76,7 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
         judged = spec.grade(case, inputs[index], outputs, [rank.log for rank in run.ranks])
         if not judged.ok:
             judged.details += report.printed(run)
+            judged.advice = report.unwaited(run, files) or judged.advice
         result.cases.append(judged)
         if keep_outputs:
             result.outputs[index] = kept(outputs, [rank.log for rank in run.ranks])

@@ -264,8 +264,19 @@ def not_waited(log: RankLog) -> list[Call]:
             and not call.is_point_to_point and call.seq < last and call.seq not in waiting]
 
 
+def unwaited(run: CaseRun, files: Files) -> str:
+    """For a case whose ranks returned a wrong answer: what the first rank that let an
+    asynchronous call go unwaited had not waited for, in words; "" if none did. Such a
+    call may still be filling its tensor when the rank reads it: garbage, not a crash."""
+    for rank in run.ranks:
+        words = _unwaited_words(f"rank {rank.rank}", rank.log, files)
+        if words:
+            return words
+    return ""
+
+
 def _unwaited_words(who: str, log: RankLog, files: Files) -> str:
-    """What a rank that crashed had not waited for, in words; "" if nothing."""
+    """What a rank had not waited for, in words; "" if nothing."""
     dropped, pending = never_waited(log), not_waited(log)
     calls = dropped or pending
     if not calls:
