@@ -9,7 +9,9 @@
                                          and how they were measured
     rooflab trace PROBLEM FILE.py:FUNC   memory traffic, predicted for a card (interpreter)
     rooflab bench matmul|coalescing|softmax|attention|...
-                                         kernels against the library, timed (GPU only)
+                                         kernels against the library, timed (GPU only);
+                                         --baseline gates them (exit 0 pass, 1 regression,
+                                         2 usage error, 3 needs a GPU: nothing timed)
     rooflab bench allreduce              the course's ring against dist.all_reduce, on
                                          gloo ranks on this CPU
     rooflab build [--check]              labs/ and solutions/ notebooks from book/ masters
@@ -186,46 +188,47 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
-
-    if args.name in bench.RANK_BENCHES:  # ranks on this CPU: no GPU needed
-        return bench.rank_bench(args.name)(json_path=args.json, baseline=args.baseline,
-                                           tolerance=_fraction(args.tolerance))
-    if not device.current().can_measure:
-        print(f"rooflab bench: {device.current().mode}: benchmarks need a GPU; nothing was "
-              "timed", file=sys.stderr)
-        return EXIT_FAIL
-    rows = bench.run(args.name)
-    print(device.current().mode)
-    print(bench.table(rows))
-    verdict = EXIT_PASS
-    if args.baseline:
-        verdict = _gate(args, rows)
-    if args.json:  # after the gate: the newest record is the one before this run
-        _write_record(args.json, bench.record(rows), suffix=f"-{args.name}")
-    return verdict
-
-
-def _gate(args: argparse.Namespace, rows: list) -> int:
-    """Compare with the recorded ratios to the library; EXIT_FAIL on a real regression."""
+    """Time a bench (or run it on CPU ranks) and gate it against a record. The options are
+    checked before anything is timed: a typo costs no benchmark run."""
     from . import bench
     from .bench import gate
 
-    try:
-        worse = gate.regressed(rows, args.baseline, device.current().name, args.name,
-                               _fraction(args.tolerance),
-                               again=lambda row: bench.remeasure(args.name, row))
-    except FileNotFoundError as error:
+    tolerance = _fraction(args.tolerance)
+    if args.name in bench.RANK_BENCHES:  # ranks on this CPU: no GPU needed
+        try:  # each main checks its baseline before any rank starts
+            return bench.rank_bench(args.name)(json_path=args.json, baseline=args.baseline,
+                                               tolerance=tolerance)
+        except gate.Refused as error:
+            raise UsageError(str(error)) from None
+    dev = device.current()
+    if not dev.can_measure:
+        print(f"rooflab bench: {dev.mode}: benchmarks need a GPU; nothing was timed",
+              file=sys.stderr)
+        return EXIT_NEEDS_GPU
+    try:  # checked against this card, which is why a CPU says "needs a GPU" first
+        against = (gate.load(args.baseline, dev.name, args.name, tolerance)
+                   if args.baseline else None)
+    except gate.Refused as error:
         raise UsageError(str(error)) from None
-    return EXIT_FAIL if worse else EXIT_PASS
+    rows = bench.run(args.name)
+    print(dev.mode)
+    print(bench.table(rows))
+    moved = (gate.compare(rows, against, again=lambda row: bench.remeasure(args.name, row))
+             if against else [])  # a row that moved is timed again, up to gate.TRIES runs
+    if args.json:  # after the gate: the newest record is the one before this run
+        _write_record(args.json, gate.stamp(bench.record(rows), args.name, moved),
+                      suffix=f"-{args.name}")
+    return EXIT_FAIL if gate.regressed(moved) else EXIT_PASS
 
 
 def _fraction(text: str) -> float:
-    """ "5%" or "0.05" -> 0.05."""
+    """ "5%" or "0.05" -> 0.05; refused unless at least 0 and below 100%."""
+    from .bench import gate
+
     try:
-        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise UsageError(f"a tolerance is a fraction or a percentage, not {text!r}") from None
+        return gate.fraction(text)
+    except gate.Refused as error:
+        raise UsageError(str(error)) from None
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -253,28 +256,26 @@ def _bytes(text: str) -> int:
 
 def cmd_grade(args: argparse.Namespace) -> int:
     from .grading import gradebook
-    from .grading.grade import Limits, grade
+    from .grading.grade import Limits, Options, grade, parse_labs
 
     out = Path(args.out)
     if args.roster and args.shard:
         raise UsageError("--roster with --shard would call everyone in the other shards "
                          "missing: give --roster to --merge, which sees the whole class")
     try:
-        roster = gradebook.read_roster(Path(args.roster)) if args.roster else None
+        roster, details = (gradebook.load_roster(Path(args.roster)) if args.roster
+                           else (None, {}))
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.merge:
         try:
-            views = gradebook.merge([Path(p) for p in args.submissions], out, roster)
+            views = gradebook.merge([Path(p) for p in args.submissions], out, roster, details)
         except ValueError as error:
             raise UsageError(str(error)) from None
         print(f"merged {len(gradebook.load_results(out))} results into {out}: "
               + ", ".join(v.name for v in views))
     else:
-        labs = Path(args.labs)
-        if not any(labs.glob("[0-9][0-9]_*.ipynb")):
-            raise UsageError(f"no lab notebooks (NN_topic.ipynb) in {labs.resolve()}: give "
-                             "--labs, the labs/ folder of the release the class received")
+        labs = _lab_folder(Path(args.course))
         if args.shard and not re.fullmatch(r"\d+/\d+", args.shard):
             raise UsageError(f"--shard is i/n, e.g. 2/4, not {args.shard!r}")
         # A CUDA process maps far more address space than it uses: no cap where there is a
@@ -282,9 +283,12 @@ def cmd_grade(args: argparse.Namespace) -> int:
         memory = args.memory or ("0" if torch.cuda.is_available() else "8G")
         limits = Limits(args.cell_timeout, args.notebook_timeout, _bytes(memory))
         try:
-            grade([Path(p) for p in args.submissions], out, labs, limits, jobs=args.jobs,
-                  resume=args.resume, shard_spec=args.shard, unconfined=args.unconfined,
-                  pick=args.pick, roster=roster)
+            options = Options(
+                jobs=args.jobs, resume=args.resume, shard=args.shard,
+                unconfined=args.unconfined, pick=args.pick, roster=roster, details=details,
+                labs=parse_labs(args.labs), policy=_policy(args),
+                submitted=_submitted(args.submitted))
+            grade([Path(p) for p in args.submissions], out, labs, limits, options)
         except ValueError as error:
             raise UsageError(str(error)) from None
         except KeyboardInterrupt:
@@ -293,7 +297,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 130
         print(f"gradebook: {out / 'gradebook.html'} (also gradebook.json, gradebook.csv, "
-              "junit.xml)")
+              "junit.xml, grades-canvas.csv, grades-moodle.csv; each learner's feedback in "
+              f"{out / 'feedback'})")
     results = gradebook.load_results(out)
     if roster is not None:
         missing, strangers = gradebook.against_roster(results, roster)
@@ -302,12 +307,72 @@ def cmd_grade(args: argparse.Namespace) -> int:
                 print(f"rooflab grade: {words} ({len(names)}): {', '.join(names)}",
                       file=sys.stderr)
     if args.require_pass:
-        failed = [f"{r['learner']} {g['exercise']}: {g['verdict']}"
-                  for r in results for g in r["grades"] if g["verdict"] != "PASS"]
-        for line in failed:
-            print(f"  not passed: {line}")
-        return EXIT_FAIL if failed else EXIT_PASS
+        return _required(results)
     return EXIT_PASS
+
+
+def _lab_folder(course: Path) -> Path:
+    """The lab notebooks of the course the class received: ``COURSE/labs``, or ``COURSE``
+    itself where it holds them."""
+    for folder in (course / "labs", course):
+        if any(folder.glob("[0-9][0-9]_*.ipynb")):
+            return folder
+    raise UsageError(f"no lab notebooks (NN_topic.ipynb) in {course.resolve()} or its labs/: "
+                     "give --course, the folder of the release the class received")
+
+
+def _policy(args: argparse.Namespace):
+    """Points and lateness, from the options."""
+    from .grading.scoring import Policy, parse_time
+
+    deadlines = {}
+    for text in args.deadline:
+        lab, _, when = text.rpartition("=") if re.match(r"^\d\d=", text) else ("", "", text)
+        try:
+            deadlines[lab] = parse_time(when)
+        except ValueError:
+            raise UsageError(f"--deadline is an ISO date and time, 2026-12-01T23:59 (the "
+                             f"grading machine's zone) or with its zone, or NN=WHEN for lab "
+                             f"NN alone, not {text!r}") from None
+    late_per_day = _share("--late-penalty", args.late_penalty) if args.late_penalty else 0.0
+    late_cap = _share("--late-cap", args.late_cap) if args.late_cap else None
+    if (late_per_day or late_cap is not None) and not deadlines:
+        raise UsageError("--late-penalty and --late-cap need a --deadline")
+    return Policy(speed_on_cpu=args.speed_on_cpu, deadlines=deadlines,
+                  late_per_day=late_per_day, late_cap=late_cap)
+
+
+def _share(option: str, text: str) -> float:
+    """ "10%" or "0.1" -> 0.1, a share of a lab's points."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:  # NaN too
+        raise UsageError(f"{option} is a share of the points, between 0% and 100%, not "
+                         f"{text!r}")
+    return value
+
+
+def _submitted(path: str | None) -> dict:
+    from .grading.scoring import read_submitted
+
+    return read_submitted(Path(path)) if path else {}
+
+
+def _required(results: list[dict]) -> int:
+    """``--require-pass``: EXIT_FAIL when an exercise failed or is not written yet. NEEDS A
+    GPU fails nothing: a CPU job cannot run it, and a GPU job decides it."""
+    failed = [f"{r['learner']} {g['exercise']}: {g['verdict']}"
+              for r in results for g in r["grades"] if g["verdict"] in ("FAIL",
+                                                                        "NOT IMPLEMENTED")]
+    pending = [f"{r['learner']} {g['exercise']}" for r in results for g in r["grades"]
+               if g["verdict"] == "NEEDS A GPU"]
+    for line in failed:
+        print(f"  not passed: {line}")
+    for line in pending:
+        print(f"  needs a GPU (not counted here): {line}")
+    return EXIT_FAIL if failed else EXIT_PASS
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -354,18 +419,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--card", default=None, help="card to predict for (default H100 SXM), or "
                    "a ceilings JSON measured on a GPU")
 
-    p = commands.add_parser("bench", help="the course's kernels against the library (GPU; "
-                            "allreduce: gloo ranks on this CPU)")
+    p = commands.add_parser(
+        "bench", help="the course's kernels against the library (GPU; allreduce, fsdp: gloo "
+        "ranks on this CPU)",
+        description="Time the course's kernels against the library on this GPU (allreduce and\n"
+        "fsdp: on gloo ranks on this CPU), and with --baseline gate them against a record.\n"
+        "--baseline and --tolerance are checked before anything is timed.",
+        epilog="exit status:\n"
+        "  0  ran; with --baseline, no regression\n"
+        "  1  a regression: a course kernel's best ratio to the library fell below its\n"
+        "     record by more than the tolerance and by more than the spread of its runs\n"
+        "  2  usage error: a --baseline that is missing, not JSON, not a benchmark record,\n"
+        "     or a record of another bench or card; a --tolerance not in [0, 100%)\n"
+        "  3  needs a GPU: a GPU bench on a CPU, nothing was timed",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     from .bench import BENCHES, RANK_BENCHES
 
     p.add_argument("name", choices=[*BENCHES, *RANK_BENCHES], help="which benchmark")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON; a folder "
                    "gets <card>-<date>-<name>.json (<cpu>-... for the benches on ranks)")
     p.add_argument("--baseline", metavar="FILE", help="a record to gate against (or "
-                   "'newest': this card's (CPU's) newest in bench/results/): exit 1 when a "
-                   "kernel's speed relative to the library fell by more than the tolerance")
+                   "'newest': this card's (CPU's) newest in bench/results/; none there: "
+                   "nothing to gate against, exit 0)")
     p.add_argument("--tolerance", default="5%", help="how far below its record a row may "
-                   "fall (default 5%%)")
+                   "fall, 5%% or 0.05 (default 5%%); a row that moved is run 3 times and "
+                   "allowed its spread where that is wider")
 
     p = commands.add_parser("release", help="the course without its answers, for learners")
     p.add_argument("out", help="a new folder to write it to")
@@ -379,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
         "again. Writes OUT/gradebook.html, .json, .csv and junit.xml, and one result per "
         "learner and lab in OUT/results/. Exits 0 when grading worked, whatever the "
         "grades.",
-        epilog="examples:\n  rooflab grade submissions/* --out gradebook/\n"
-        "  rooflab grade alice.zip bob/ carol.ipynb --out gradebook/ --labs course/labs\n"
+        epilog="examples:\n  rooflab grade submissions/* --out gradebook/ --course course/\n"
+        "  rooflab grade alice.zip bob/ carol.ipynb --out gradebook/ --labs 01,02\n"
+        "  rooflab grade submissions/* --out gradebook/ --deadline 2026-12-01T23:59 "
+        "--late-penalty 10%\n"
         "  rooflab grade submissions/* --out shard-2 --shard 2/4   (then:)\n"
         "  rooflab grade --merge shard-* --out gradebook/ --roster learners.csv",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -388,8 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one per learner: a notebook (the learner is its file name), or a "
                    "folder or a zip of notebooks (the learner is the folder's or zip's name)")
     p.add_argument("--out", required=True, help="the gradebook folder")
-    p.add_argument("--labs", default="labs", help="the lab notebooks the class received "
-                   "(default: labs/)")
+    p.add_argument("--course", default=".", help="the course the class received (`rooflab "
+                   "release` output), whose labs/ holds the lab notebooks and their points "
+                   "(default: here)")
+    p.add_argument("--labs", default=None, metavar="NN,NN|changed",
+                   help="grade these labs only, by number (00,01), or 'changed': the labs "
+                   "each learner has begun (a cell of theirs differs from the lab)")
     p.add_argument("--jobs", type=int, default=0, help="notebooks graded at once (default: "
                    "half the CPU cores; always 1 on a GPU, so timings do not collide)")
     p.add_argument("--cell-timeout", type=float, default=600.0, metavar="SECONDS",
@@ -400,11 +484,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "kernel, e.g. 8G (default: 8G without a GPU, none with one, whose driver "
                    "maps far more; 0: none)")
     p.add_argument("--resume", action="store_true",
-                   help="skip each notebook whose result is already in OUT/results/")
+                   help="skip each notebook whose result is already in OUT/results/ and "
+                   "whose content has not changed since (its points are scored again under "
+                   "this run's settings)")
     p.add_argument("--shard", metavar="I/N", help="grade only the I-th of N shares "
                    "(CI matrix, job array); join them with --merge")
     p.add_argument("--require-pass", action="store_true", help="exit 1 when an exercise "
-                   "did not pass (CI grading one learner's push)")
+                   "failed or is not written (CI grading one learner's push); NEEDS A GPU "
+                   "is listed, and fails nothing")
+    p.add_argument("--speed-on-cpu", choices=("none", "predicted"), default="none",
+                   help="on a CPU, where nothing is timed, an exercise's speed points: none "
+                   "(default: correctness earns them all) or predicted (the roofline "
+                   "fraction predicted from the traced traffic)")
+    p.add_argument("--deadline", action="append", default=[], metavar="[NN=]WHEN",
+                   help="ISO date and time, e.g. 2026-12-01T23:59 (this machine's zone) or "
+                   "2026-12-01T23:59+01:00; NN=WHEN for lab NN alone (repeatable)")
+    p.add_argument("--late-penalty", metavar="PCT", help="share of a lab's points lost per "
+                   "day or part of a day late, e.g. 10%%")
+    p.add_argument("--late-cap", metavar="PCT", help="late work earns at most this share of "
+                   "a lab's points, e.g. 50%%")
+    p.add_argument("--submitted", metavar="CSV", help="when each learner handed in: rows of "
+                   "learner,time or learner,lab,time; otherwise each notebook's date (in "
+                   "its zip, or its file's), which a git checkout does not keep")
     p.add_argument("--merge", action="store_true",
                    help="SUBMISSIONS are shard folders: join their results into OUT (each "
                    "may be empty, and no learner's lab may be in two)")

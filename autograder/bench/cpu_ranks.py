@@ -17,8 +17,11 @@ options and exits with what it returns. Every such function has this signature::
   ending in "/" or an existing folder) as ``<cpu>-<date>-<name>.json``; None: do not;
 * ``baseline``: a record to gate against, or "newest" (this CPU's newest record of the
   bench in ``bench/results/``); None: no gate;
-* ``tolerance``: how far below its record a row's ratio to the library may fall (0.05);
-* returns the exit status: 0, or 1 when the gate finds a regression.
+* ``tolerance``: how far below its record a row's ratio to the library may fall (0.05),
+  widened by the row's spread over its runs where that is wider (``gate.py``);
+* returns the exit status: 0, or 1 when the gate finds a regression;
+* raises ``gate.Refused`` for a baseline or tolerance the gate cannot judge with, before
+  any rank starts (``against``, the first line of every ``main``).
 
 The ranks here are plain ``multiprocessing`` processes, not the grader's launcher
 (``ranks/launch.py``): that one records every torch.distributed call, which would charge
@@ -122,25 +125,27 @@ def machine(name: str, world: int) -> dict:
             "versions": versions.installed()}
 
 
+def against(name: str, baseline: str | None, tolerance: float) -> gate.Baseline | None:
+    """The record bench ``name`` is gated against, read and checked, at the start of its
+    ``main``: a wrong one is refused (``gate.Refused``) before any rank starts. None: no
+    gate."""
+    return gate.load(baseline, cpu_name(), name, tolerance) if baseline else None
+
+
 def finish(name: str, rows: Sequence, text: str, rerun: Callable[[object], Sequence],
-           data: Callable[[], dict], *, json_path: str | None, baseline: str | None,
-           tolerance: float) -> int:
-    """The end of every bench's ``main``: print the table, gate (``rerun(row)`` times
-    again what a suspect row measured, and returns the fresh rows), then write the record
-    (after the gate: the newest record is the one before this run). The exit status."""
+           data: Callable[[], dict], *, json_path: str | None,
+           against: gate.Baseline | None) -> int:
+    """The end of every bench's ``main``: print the table, gate against ``against``
+    (``rerun(row)`` times again what a row that moved measured, and returns the fresh
+    rows), then write the record with the spreads the gate measured (after the gate: the
+    newest record is the one before this run). The exit status."""
     print(text)
 
     def again(row):
         return next((fresh for fresh in rerun(row) if fresh.kernel == row.kernel), None)
 
-    status = 0
-    if baseline:
-        try:
-            status = 1 if gate.regressed(rows, baseline, cpu_name(), name, tolerance,
-                                         again) else 0
-        except FileNotFoundError as error:
-            print(f"rooflab bench {name}: {error}")
-            status = 2
+    moved = gate.compare(rows, against, again) if against else []
     if json_path:
-        print(f"wrote {gate.write(json_path, data(), cpu_name(), f'-{name}')}")
-    return status
+        written = gate.write(json_path, gate.stamp(data(), name, moved), cpu_name(), f"-{name}")
+        print(f"wrote {written}")
+    return 1 if gate.regressed(moved) else 0

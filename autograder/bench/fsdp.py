@@ -376,10 +376,12 @@ def record(report: Report) -> dict:
 
 def main(*, json_path: str | None = None, baseline: str | None = None,
          tolerance: float = 0.05) -> int:
-    """``rooflab bench fsdp``: run, print the table, gate, write the record."""
+    """``rooflab bench fsdp``: check the baseline, run, print the table, gate, write the
+    record."""
+    against = cpu_ranks.against(NAME, baseline, tolerance)  # before any rank starts
     report = run()
     return cpu_ranks.finish(
         NAME, report.rows, table(report),
         lambda row: run(report.world, report.setup, report.steps, report.warmup,
                             seed=1).rows,
-        lambda: record(report), json_path=json_path, baseline=baseline, tolerance=tolerance)
+        lambda: record(report), json_path=json_path, against=against)
