@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from datetime import datetime
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -20,13 +21,15 @@ import pytest
 from rooflab.autograder.confine import why_unavailable
 from rooflab.autograder.grading import gradebook
 from rooflab.autograder.grading.cells import exercises, restore
-from rooflab.autograder.grading.grade import Task, shard
 from rooflab.autograder.grading.release import release
 
 pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLVED = json.loads((ROOT / "solutions" / "00_roofline.ipynb").read_text())
+# Far ahead, so that a zip dated when the test runs is on time.
+DEADLINE_ISO, DAY = "2099-12-01T12:00:00+00:00", 86400.0
+DEADLINE = datetime.fromisoformat(DEADLINE_ISO).timestamp()
 EXERCISES = ["roofline/cost_vector_add", "roofline/cost_softmax", "roofline/cost_matmul",
              "roofline/cost_attention", "roofline/time_floor", "roofline/timer"]
 
@@ -116,9 +119,15 @@ def graded(tmp_path_factory):
     paths = [str(_hand_in(handed, learner, how, nb)) for learner, (how, nb, _) in CLASS.items()]
     out, scratch = root / "gradebook", root / "tmp"
     scratch.mkdir()
+    # Everyone handed in before the deadline (carol's zip is dated now), but frank, a day
+    # and an hour late.
+    for path in paths:
+        when = DEADLINE + DAY + 3600 if "frank" in path else DEADLINE - 3600
+        os.utime(path if not Path(path).is_dir() else next(Path(path).glob("*.ipynb")),
+                 (when, when))
     command = [sys.executable, "-m", "rooflab.autograder.cli", "grade", *paths, "--out",
-               str(out), "--labs", str(course / "labs"), "--jobs", "2", "--cell-timeout", "20",
-               "--memory", "6G"]
+               str(out), "--course", str(course), "--jobs", "2", "--cell-timeout", "20",
+               "--memory", "6G", "--deadline", DEADLINE_ISO, "--late-penalty", "25%"]
     env = dict(os.environ, TMPDIR=str(scratch))  # every notebook's scratch, to find later
     # First run: interrupted (Ctrl-C) once a notebook is graded.
     first = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
@@ -197,6 +206,31 @@ def test_the_views_agree_with_the_results(graded):
     assert "predicted" in page  # a CPU grades correctness and predicts performance
 
 
+def test_points_and_lateness_reach_the_gradebook_and_each_learners_feedback(graded):
+    out = graded["out"]
+    results = {r["learner"]: r for r in gradebook.load_results(out)}
+    for learner, (_, _, failing) in CLASS.items():
+        # Lab 00 gives each exercise 1 point; frank is two days late (a day and an hour)
+        # at 25% a day.
+        expected = (len(EXERCISES) - len(failing)) * (0.5 if learner == "frank" else 1)
+        assert results[learner]["points"]["earned"] == expected, learner
+        assert results[learner]["points"]["possible"] == len(EXERCISES)
+        page = (out / "feedback" / learner / "index.html").read_text()
+        assert f"{expected:g} / {len(EXERCISES)} points" in page
+        assert not any(other in page for other in CLASS if other != learner)
+        # The notebook as graded, each check's card in its output, without the grader's
+        # own line at the top of each check cell.
+        executed = json.loads((out / "feedback" / learner / "00_roofline.ipynb").read_text())
+        sources = ["".join(c["source"]) for c in executed["cells"]]
+        assert not any("at_cell(" in source for source in sources)
+        assert any(c.get("outputs") for c in executed["cells"] if c["cell_type"] == "code")
+    assert "2 days late" in results["frank"]["points"]["late"]
+    canvas = (out / "grades-canvas.csv").read_text().splitlines()
+    assert canvas[1].split(",")[-1] == str(len(EXERCISES))  # points possible
+    assert sorted(line.split(",")[-1] for line in canvas[2:]) == sorted(
+        f"{results[name]['points']['earned']:g}" for name in CLASS)
+
+
 # --- the pieces, quickly ------------------------------------------------------------------
 
 LAB = json.loads((ROOT / "labs" / "00_roofline.ipynb").read_text())
@@ -230,21 +264,3 @@ def test_cells_a_learner_added_are_kept_in_place_and_moved_checks_are_put_back()
     assert ids.index("scratch") == ids.index("00-005") + 1
     assert ids.index("00-006") == ids.index("scratch") + 1
     assert restored.added == 1
-
-
-def test_shards_split_the_class_and_merge_back(tmp_path):
-    tasks = [Task(name, Path(f"{name}.ipynb"), Path("labs/00_roofline.ipynb"))
-             for name in "abcdefg"]
-    parts = [shard(tasks, f"{i}/3") for i in (1, 2, 3)]
-    assert sorted(t.learner for part in parts for t in part) == list("abcdefg")
-    for i, part in enumerate(parts):
-        for task in part:
-            gradebook.write_atomic(gradebook.result_path(tmp_path / f"s{i}", task.learner,
-                                                         "00_roofline"),
-                                   json.dumps({"learner": task.learner, "lab": "00_roofline",
-                                               "notebook": "", "seconds": 1.0, "grades": []}))
-    gradebook.merge([tmp_path / f"s{i}" for i in range(3)], tmp_path / "all")
-    merged = gradebook.load_results(tmp_path / "all")
-    assert [r["learner"] for r in merged] == list("abcdefg")
-    with pytest.raises(ValueError):
-        shard(tasks, "4/3")

@@ -280,7 +280,7 @@ def test_one_learner_one_lab_one_result_and_the_counts_agree(tmp_path):
     (tmp_path / "learners.csv").write_text("learner\nalice\nbob\ncarol\n")
     out = tmp_path / "gradebook"
     command = [sys.executable, "-m", "rooflab.autograder.cli", "grade", str(alice), str(bob),
-               "--out", str(out), "--labs", str(course / "labs"), "--jobs", "2",
+               "--out", str(out), "--course", str(course), "--jobs", "2",
                "--cell-timeout", "20", "--memory", "6G"]
 
     def run(*more: str) -> subprocess.CompletedProcess:

@@ -157,7 +157,7 @@ def graded(tmp_path_factory):
         (handed / f"{learner}.ipynb").write_text(json.dumps(notebook))
     command = [sys.executable, "-m", "rooflab.autograder.cli", "grade",
                *(str(handed / f"{name}.ipynb") for name in notebooks), "--out", str(out),
-               "--labs", str(course / "labs"), "--jobs", "2", "--cell-timeout", "60",
+               "--course", str(course), "--jobs", "2", "--cell-timeout", "60",
                "--memory", "6G"]
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=600,
@@ -241,7 +241,7 @@ def test_nothing_a_notebook_starts_outlives_it_or_rewrites_its_result(graded):
 def test_grading_refuses_to_run_unconfined_where_the_answers_are_installed(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rooflab.autograder.cli", "grade",
                            str(tmp_path / "x.ipynb"), "--out", str(tmp_path / "out"),
-                           "--labs", str(ROOT / "labs"), "--unconfined"],
+                           "--course", str(ROOT), "--unconfined"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "holds the course's answers" in done.stderr
@@ -251,7 +251,7 @@ def test_grading_refuses_to_run_unconfined_where_the_answers_are_installed(tmp_p
 def test_grading_refuses_to_run_without_bubblewrap(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rooflab.autograder.cli", "grade",
                            str(tmp_path / "x.ipynb"), "--out", str(tmp_path / "out"),
-                           "--labs", str(ROOT / "labs")], capture_output=True, text=True,
+                           "--course", str(ROOT)], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, PATH=str(tmp_path)))
     assert done.returncode == 2
     assert "bubblewrap is not installed" in done.stderr and "--unconfined" in done.stderr

@@ -136,6 +136,9 @@ def performance(result: object) -> dict:
                        level=perf.level, vs_baseline=perf.vs_baseline,
                        baseline=perf.baseline_name)
     elif perf.prediction is not None and perf.prediction.seconds > 0:
+        # The traffic alone as well: at a CPU's small sizes a launch's fixed cost outweighs
+        # the rest, and a grade on speed wants what the kernel's accesses decide.
         figures.update(predicted_roofline_fraction=perf.prediction.floor_s
-                       / perf.prediction.seconds, predicted_for=perf.prediction.target)
+                       / perf.prediction.seconds, predicted_for=perf.prediction.target,
+                       predicted_traffic_fraction=perf.prediction.traffic_fraction)
     return figures

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import points
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 # The tag of a code cell that holds a solution region: the cells a learner writes, and the
 # only ones `rooflab grade` takes from a submission (it restores every other from labs/).
@@ -53,6 +55,16 @@ class Cell:
     kind: str  # "markdown" or "code"
     source: str
     tags: list[str] = field(default_factory=list)
+
+
+def front_matter(text: str) -> dict:
+    """The YAML between a master's first two ``---`` lines (empty without them)."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    import yaml
+
+    return yaml.safe_load("\n".join(lines[1:lines.index("---", 1)])) or {}
 
 
 def read_master(text: str) -> list[Cell]:
@@ -239,8 +251,10 @@ def stub(source: str) -> str:
     return "\n".join(out)
 
 
-def notebook_json(cells: list[Cell], stem: str, learner: bool) -> str:
-    """A notebook (nbformat 4.5) as JSON text: no outputs, stable ids, sorted keys."""
+def notebook_json(cells: list[Cell], stem: str, learner: bool, metadata: dict | None = None
+                  ) -> str:
+    """A notebook (nbformat 4.5) as JSON text: no outputs, stable ids, sorted keys;
+    ``metadata`` added to the notebook's (the points of its exercises)."""
     nb_cells = []
     for index, cell in enumerate(cells):
         source, tags = cell.source, list(cell.tags)
@@ -263,6 +277,7 @@ def notebook_json(cells: list[Cell], stem: str, learner: bool) -> str:
         "metadata": {
             "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},
+            **(metadata or {}),
         },
         "nbformat": 4,
         "nbformat_minor": 5,
@@ -276,11 +291,13 @@ def masters(root: Path) -> list[Path]:
 
 def outputs(master: Path, root: Path) -> dict[Path, str]:
     """The two notebooks a master builds into, by path."""
-    cells = read_master(master.read_text())
+    text = master.read_text()
+    cells = read_master(text)
+    grading = points.as_metadata(points.parse(front_matter(text), master.name))
     name = master.with_suffix(".ipynb").name
     return {
-        root / "labs" / name: notebook_json(cells, master.stem, learner=True),
-        root / "solutions" / name: notebook_json(cells, master.stem, learner=False),
+        root / "labs" / name: notebook_json(cells, master.stem, True, grading),
+        root / "solutions" / name: notebook_json(cells, master.stem, False, grading),
     }
 
 

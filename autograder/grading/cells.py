@@ -18,6 +18,9 @@ from ..course.build import SOLUTION_TAG
 CHECK_TAG = "check"
 # check("lab/exercise", fn ...) in a check cell: the exercise it grades.
 CHECK_CALL = re.compile(r"""\bcheck\(\s*["']([\w/]+)["']""")
+# What the grader puts at the top of each check cell it runs (grade.with_cell_markers), so
+# that the cell's record names it: ``MARKER_LINE + repr(cell id) + ")"``.
+MARKER_LINE = '__import__("rooflab.autograder.checking.handin", fromlist=["_"]).at_cell('
 
 
 @dataclass
@@ -121,3 +124,16 @@ def _added_after(cell_id: str, submission: dict, lab_ids: set[str]) -> list[dict
                           "metadata": {}, "source": _source(cell), "outputs": [],
                           "execution_count": None})
     return added
+
+
+def started(lab: dict, submission: dict) -> bool:
+    """Whether the learner has begun this lab: a cell of theirs (a solution cell, by id)
+    that is not as the lab hands it out, or a code cell they added."""
+    theirs = {cell.get("id"): cell for cell in submission.get("cells", [])}
+    lab_ids = {cell["id"] for cell in lab["cells"]}
+    for cell in lab["cells"]:
+        mine = theirs.get(cell["id"])
+        if is_solution(cell) and mine is not None and _source(mine) != _source(cell):
+            return True
+    return any(cell.get("cell_type") == "code" and cell.get("id") not in lab_ids
+               and _source(cell).strip() for cell in submission.get("cells", []))

@@ -11,20 +11,25 @@ is matched to its lab by its cell ids (``05-012`` is lab 05), and graded so:
    all) and on memory;
 3. verdicts.py decides each exercise here, from the checks' records, checking every
    answer again;
-4. gradebook.py writes the learner's result, then the class's views.
+4. scoring.py gives it points, less any late penalty; gradebook.py writes the learner's
+   result and the notebook as graded (feedback.py), then the class's views.
 
 Notebooks are graded in parallel (``--jobs``), except on a GPU, where timings would
-disturb each other: one at a time there. ``--resume`` skips every notebook whose result is
-already written; ``--shard i/n`` grades every n-th notebook from the i-th, for a CI matrix
-or a job array, and ``rooflab grade --merge SHARD_DIRS… --out DIR`` joins them.
+disturb each other: one at a time there. ``--labs`` grades some labs only (by number, or
+the ones each learner has begun). ``--resume`` skips every notebook whose result is
+already written and whose content has not changed since; ``--shard i/n`` grades one
+share of the learners (shards.py), for a CI matrix or a job array, and ``rooflab grade
+--merge SHARD_DIRS… --out DIR`` joins them.
 
 The exit status says whether grading worked (0), not what the grades are.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -39,10 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checking import handin
-from . import gradebook
-from .cells import CHECK_TAG, exercises, one_cell_each, restore
+from ..course.points import of_lab
+from . import gradebook, scoring, shards
+from .cells import CHECK_TAG, MARKER_LINE, exercises, one_cell_each, restore, started
 from .confinement import Confinement, prepare
 from .execute import TAKEN
+from .feedback import keep_notebook
+from .scoring import Policy, iso
 from .verdicts import Grade, grade_exercises
 
 
@@ -62,6 +70,10 @@ class Task:
     # knows them by: all of them when none may be graded (--pick error), else those left out.
     clash: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
+    # When it was handed in (seconds since the epoch): its date in the zip, on its file,
+    # or in the instructor's manifest (``--submitted``); and which of them.
+    submitted: float | None = None
+    submitted_from: str = ""
 
     @property
     def lab_name(self) -> str:
@@ -81,6 +93,7 @@ def find_tasks(paths: list[Path], labs: Path, unpack_into: Path,
     if pick not in PICKS:
         raise ValueError(f"--pick is one of {', '.join(PICKS)}, not {pick!r}")
     found: dict[tuple[str, Path], dict[Path, str]] = {}  # (learner, lab): notebook -> name
+    zipped: set[Path] = set()  # the notebooks unpacked from a zip, dated by it
     problems = []
     for number, path in enumerate(paths):
         if path.suffix == ".zip":
@@ -88,6 +101,7 @@ def find_tasks(paths: list[Path], labs: Path, unpack_into: Path,
             # A folder per argument: two zips of one name must not unpack over each other.
             shown = _unpack(path, unpack_into / str(number) / learner)
             notebooks = sorted(shown)
+            zipped.update(shown)
         elif path.is_dir():
             learner, notebooks = path.name, sorted(path.rglob("*.ipynb"))
             shown = {}
@@ -110,17 +124,24 @@ def find_tasks(paths: list[Path], labs: Path, unpack_into: Path,
                                                                            str(notebook))
     tasks = []
     for (learner, lab), named in found.items():
+        source = ("its date in the zip" if set(named) & zipped
+                  else "its file's modification time")
         if len(named) == 1:
-            tasks.append(Task(learner, next(iter(named)), lab))
+            only = next(iter(named))
+            tasks.append(Task(learner, only, lab, submitted=only.stat().st_mtime,
+                              submitted_from=source))
             continue
         # The latest modification; a tie goes to the last name, so a rerun picks the same.
         newest = max(named, key=lambda nb: (nb.stat().st_mtime, named[nb]))
         others = [named[nb] for nb in sorted(named) if nb != newest]
+        when = newest.stat().st_mtime
         if pick == "newest":
-            tasks.append(Task(learner, newest, lab, left_out=others))
+            tasks.append(Task(learner, newest, lab, left_out=others, submitted=when,
+                              submitted_from=source))
         else:
             everyone = sorted(named.values())
-            tasks.append(Task(learner, newest, lab, clash=everyone))
+            tasks.append(Task(learner, newest, lab, clash=everyone, submitted=when,
+                              submitted_from=source))
             problems.append(f"{learner}: {len(everyone)} notebooks for {lab.stem}: "
                             f"{', '.join(everyone)}; none is graded: keep one, or grade "
                             "with --pick newest")
@@ -150,11 +171,22 @@ def refused(task: Task) -> dict:
     why = (f"not graded: {len(task.clash)} notebooks for this lab ({', '.join(task.clash)}); "
            "keep one, or grade with --pick newest")
     wanted = exercises(json.loads(task.lab.read_text()))
-    return {"learner": task.learner, "lab": task.lab_name, "notebook": ", ".join(task.clash),
-            "mode": _mode(), "changed": [], "problems": [why], "clash": task.clash,
-            "grades": [Grade(e.problem_id, e.cell_id, "FAIL", why).as_dict()
-                       for e in one_cell_each(wanted)],
-            "seconds": 0.0, "started": time.time(), "finished": time.time()}
+    return {**_header(task), "notebook": ", ".join(task.clash), "problems": [why],
+            "clash": task.clash, "grades": [Grade(e.problem_id, e.cell_id, "FAIL", why)
+                                            .as_dict() for e in one_cell_each(wanted)],
+            "finished": time.time()}
+
+
+def _header(task: Task) -> dict:
+    """What every result of ``task`` starts with."""
+    from ..device import current
+
+    device = current()
+    return {"learner": task.learner, "lab": task.lab_name, "notebook": str(task.notebook),
+            "mode": device.mode, "measured": device.can_measure, "changed": [],
+            "problems": [], "grades": [], "seconds": 0.0, "started": time.time(),
+            "submitted": task.submitted, "submitted_from": task.submitted_from,
+            "submitted_iso": iso(task.submitted) if task.submitted is not None else ""}
 
 
 def lab_of(notebook: Path, labs: Path) -> Path | None:
@@ -170,15 +202,42 @@ def lab_of(notebook: Path, labs: Path) -> Path | None:
     return found[0] if found else None
 
 
-def shard(tasks: list[Task], spec: str | None) -> list[Task]:
-    """``i/n``: the i-th of n shards (1-based), every n-th task in a stable order."""
+def parse_labs(text: str | None) -> set[str] | str | None:
+    """``--labs``: "00,01" (lab numbers) -> {"00", "01"}; "changed" (the labs a learner has
+    begun) as it is; None: every lab. Raises ValueError."""
+    if not text:
+        return None
+    if text.strip() == "changed":
+        return "changed"
+    numbers = {part.strip() for part in text.split(",") if part.strip()}
+    if not numbers or not all(re.fullmatch(r"\d\d", n) for n in numbers):
+        hint = (" (the folder of lab notebooks is --course)" if Path(text).exists() else "")
+        raise ValueError(f"--labs is lab numbers, e.g. 00,01, or 'changed', not {text!r}{hint}")
+    return numbers
+
+
+def chosen(tasks: list[Task], labs: set[str] | str | None) -> list[Task]:
+    """The tasks of the labs asked for, in a stable order: by number, or, with "changed",
+    the labs whose notebook the learner has begun (``cells.started``)."""
     ordered = sorted(tasks, key=lambda t: (t.learner, t.lab_name, str(t.notebook)))
-    if not spec:
+    if labs is None:
         return ordered
-    index, count = (int(part) for part in spec.split("/"))
-    if not 1 <= index <= count:
-        raise ValueError(f"--shard {spec}: i must be between 1 and n")
-    return ordered[index - 1::count]
+    if labs == "changed":
+        return [t for t in ordered if t.clash or _begun(t)]
+    return [t for t in ordered if t.lab_name[:2] in labs]
+
+
+def _begun(task: Task) -> bool:
+    try:
+        submission = json.loads(task.notebook.read_text())
+    except (OSError, ValueError):
+        return True  # unreadable: graded, so that the gradebook says so
+    return started(json.loads(task.lab.read_text()), submission)
+
+
+def digest(path: Path) -> str:
+    """The notebook's content, hashed: ``--resume`` grades a changed notebook again."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def with_cell_markers(notebook: dict) -> dict:
@@ -189,19 +248,19 @@ def with_cell_markers(notebook: dict) -> dict:
                 "tags", []):
             source = cell["source"] if isinstance(cell["source"], str) else "".join(
                 cell["source"])
-            cell["source"] = (f'__import__("rooflab.autograder.checking.handin", fromlist=["_"])'
-                              f'.at_cell({cell["id"]!r})\n' + source)
+            cell["source"] = f"{MARKER_LINE}{cell['id']!r})\n" + source
     return notebook
 
 
-def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement) -> dict:
-    """Grade one notebook: its result (what the gradebook holds)."""
+def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement,
+              feedback_to: Path | None = None) -> dict:
+    """Grade one notebook: its result (what the gradebook holds). With ``feedback_to``
+    (the gradebook folder), the notebook as graded is kept there for its learner."""
     lab = json.loads(task.lab.read_text())
     start = time.monotonic()
-    result = {"learner": task.learner, "lab": task.lab_name, "notebook": str(task.notebook),
-              "mode": _mode(), "confined": confinement.confined, "changed": [],
-              "problems": [], "grades": [], "seconds": 0.0, "started": time.time()}
+    result = {**_header(task), "confined": confinement.confined}
     try:
+        result["sha256"] = digest(task.notebook)
         submission = json.loads(task.notebook.read_text())
     except (OSError, ValueError) as error:
         submission = None
@@ -224,6 +283,8 @@ def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement) -
             result["problems"].append(f"cell {index} ended the kernel; the notebook ran "
                                       "again without it")
         grades = grade_exercises(wanted, run, taken_records(into / TAKEN), seed)
+        if feedback_to is not None:
+            keep_notebook(into / "executed.ipynb", feedback_to, task.learner, task.lab_name)
     result["grades"] = [grade.as_dict() for grade in grades]
     result["seconds"] = round(time.monotonic() - start, 2)
     result["finished"] = time.time()
@@ -244,12 +305,6 @@ def taken_records(taken: Path) -> list[tuple[dict, Path]]:
             record["cell"] = path.parent.name
             records.append((record, path.with_name(f"{path.stem}-outputs.pt")))
     return records
-
-
-def _mode() -> str:
-    from ..device import current
-
-    return current().mode
 
 
 def _execute(into: Path, limits: Limits, seed: int, confinement: Confinement) -> dict:
@@ -326,45 +381,70 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 0,
-          resume: bool = False, shard_spec: str | None = None, progress=sys.stderr,
-          unconfined: bool = False, pick: str = "error", roster: list[str] | None = None) -> int:
+@dataclass
+class Options:
+    """How a class is graded, beyond its limits (the command line's options)."""
+
+    jobs: int = 0  # notebooks at once; 0: half the cores (always 1 on a GPU)
+    resume: bool = False
+    shard: str | None = None  # "i/n"
+    unconfined: bool = False
+    pick: str = "error"
+    roster: list[str] | None = None  # the class, to name who handed in nothing
+    details: dict[str, dict[str, str]] = field(default_factory=dict)  # ids, by learner
+    labs: set[str] | str | None = None  # parse_labs
+    policy: Policy = field(default_factory=Policy)
+    # When each learner handed in, from the instructor's manifest: (learner, lab number or
+    # "") -> seconds since the epoch. It wins over the notebook's own date.
+    submitted: dict[tuple[str, str], float] = field(default_factory=dict)
+    views_every_s: float = 30.0  # the class's views are written again as results arrive
+
+
+def grade(paths: list[Path], out: Path, labs: Path, limits: Limits,
+          options: Options | None = None, progress=sys.stderr) -> int:
     """Grade every submission into ``out``; returns how many results were written now, one
     per learner and lab (a lab not graded for its clash of notebooks counts: its result
-    says so). ``roster``: the class, for the gradebook to name who handed in nothing.
-    Raises CannotConfine (a ValueError) where notebooks cannot be confined and
-    ``unconfined`` is not given, or could import the answers."""
+    says so). Raises CannotConfine (a ValueError) where notebooks cannot be confined and
+    ``options.unconfined`` is not given, or could import the answers."""
     from ..device import current
 
+    options = options or Options()
     with tempfile.TemporaryDirectory(prefix="rooflab-unpacked-") as unpacked:
-        confinement = prepare(unconfined, Path(unpacked))
+        confinement = prepare(options.unconfined, Path(unpacked))
         if not confinement.confined:
             print("rooflab grade: UNCONFINED: graded notebooks run with this user's rights "
                   "(the gradebook says so)", file=progress)
         out.mkdir(parents=True, exist_ok=True)
-        tasks, problems = find_tasks(paths, labs, Path(unpacked) / "submissions", pick)
+        mine = shards.share(paths, options.shard)  # nothing of another shard is opened
+        if options.shard:
+            shards.write(out, paths, options.shard)
+        tasks, problems = find_tasks(mine, labs, Path(unpacked) / "submissions", options.pick)
         for line in problems:
             print(f"rooflab grade: {line}", file=progress)
-        tasks = shard(tasks, shard_spec)
-        # A result that says its lab was not graded (a clash) is written again each time.
-        todo = [t for t in tasks if not (resume and gradebook.graded(out, t.learner,
-                                                                     t.lab_name))]
+        tasks = chosen(tasks, options.labs)
+        for task in tasks:
+            when = options.submitted.get((task.learner, task.lab_name[:2]),
+                                         options.submitted.get((task.learner, "")))
+            if when is not None:
+                task.submitted, task.submitted_from = when, "the manifest of submission times"
+        todo = _to_grade(tasks, out, options)
         if len(todo) < len(tasks):
-            print(f"rooflab grade: {len(tasks) - len(todo)} already graded (--resume)",
-                  file=progress)
+            print(f"rooflab grade: {len(tasks) - len(todo)} already graded (--resume): "
+                  "their notebooks are unchanged", file=progress)
         on_gpu = current().can_measure
-        workers = 1 if on_gpu else (jobs or max(1, (os.cpu_count() or 2) // 2))
+        workers = 1 if on_gpu else (options.jobs or max(1, (os.cpu_count() or 2) // 2))
         seed = secrets.randbelow(1 << 30)
-        done = 0
+        done, views_at = 0, time.monotonic()
 
         def one(task: Task) -> dict:
             if task.clash:
                 result = refused(task)
             else:
-                result = grade_one(task, limits, seed, confinement)
+                result = grade_one(task, limits, seed, confinement, feedback_to=out)
             if task.left_out:
                 result["problems"].append(f"also handed in for this lab, not graded (--pick "
                                           f"newest): {', '.join(task.left_out)}")
+            scoring.score(result, of_lab(json.loads(task.lab.read_text())), options.policy)
             if _stopping.is_set():
                 raise KeyboardInterrupt  # its notebook was ended by the interruption
             gradebook.write_atomic(gradebook.result_path(out, task.learner, task.lab_name),
@@ -377,11 +457,16 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
             for result in pool.map(one, todo):
                 done += 1
                 passed = sum(g["verdict"] == "PASS" for g in result["grades"])
+                points = result["points"]
                 how = ("not graded, several notebooks for this lab" if result.get("clash")
-                       else f"{passed}/{len(result['grades'])} passed, "
-                            f"{result['seconds']:.1f} s")
+                       else f"{passed}/{len(result['grades'])} passed, {points['earned']:g}/"
+                            f"{points['possible']:g} points, {result['seconds']:.1f} s")
                 print(f"[{done}/{len(todo)}] {result['learner']} {result['lab']}: {how}",
                       file=progress, flush=True)
+                # A job cut off by its time limit still leaves a gradebook of what was done.
+                if time.monotonic() - views_at > options.views_every_s:
+                    gradebook.write_views(out, options.roster, options.details)
+                    views_at = time.monotonic()
         except KeyboardInterrupt:
             # Interrupted (Ctrl-C, or a job scheduler's SIGTERM): end every notebook still
             # running, kernels too. What is written stays; --resume goes on from there.
@@ -392,5 +477,28 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits, jobs: int = 
         finally:
             signal.signal(signal.SIGTERM, previous)
         pool.shutdown()
-    gradebook.write_views(out, roster)
+    gradebook.write_views(out, options.roster, options.details)
     return done
+
+
+def _to_grade(tasks: list[Task], out: Path, options: Options) -> list[Task]:
+    """The tasks to grade now. With ``--resume``, a result of the same notebook is kept,
+    scored again under this grading's settings (points, deadlines) without running it; a
+    result that says its lab was not graded (a clash) is written again each time."""
+    if not options.resume:
+        return tasks
+    todo = []
+    for task in tasks:
+        path = gradebook.result_path(out, task.learner, task.lab_name)
+        if task.clash or not gradebook.graded(out, task.learner, task.lab_name,
+                                              digest(task.notebook)):
+            todo.append(task)
+            continue
+        before = json.loads(path.read_text())
+        result = json.loads(json.dumps(before))  # scored in place: a copy
+        result.update(submitted=task.submitted, submitted_from=task.submitted_from,
+                      submitted_iso=iso(task.submitted) if task.submitted is not None else "")
+        scoring.score(result, of_lab(json.loads(task.lab.read_text())), options.policy)
+        if result != before:
+            gradebook.write_atomic(path, json.dumps(result, indent=1))
+    return todo

@@ -1,12 +1,14 @@
 """The gradebook: one result file per learner and lab as it is graded, and from them the
-views an instructor and CI read: JSON, CSV, an HTML page, JUnit XML.
+views an instructor and CI read: JSON, CSV, an HTML page, JUnit XML, the CSVs Canvas and
+Moodle import (``exports.py``), and a page for each learner (``feedback.py``).
 
 Every file is written whole or not at all (written beside, then renamed), so an
 interrupted grading leaves only complete results, and ``--resume`` trusts what it finds.
 Shards of one class (``--shard i/n``) each write their results; ``merge`` joins them.
 
 A roster (``--roster``, a CSV whose first column is the learner) lets the views name the
-learners who handed in nothing, and those graded who are not on it.
+learners who handed in nothing, and those graded who are not on it; its other columns,
+where it has a header row, give the ids a learning platform matches learners by.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import shutil
 from pathlib import Path
 from xml.etree import ElementTree
 
+from . import exports, shards
+from .feedback import FEEDBACK, STYLE, fractions, points_text, section, write_pages
+
 RESULTS = "results"  # one <learner>--<lab>.json each
+FAILED = ("FAIL", "NOT IMPLEMENTED")  # NEEDS A GPU is neither a pass nor a failure
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -33,13 +39,15 @@ def result_path(out: Path, learner: str, lab: str) -> Path:
     return out / RESULTS / f"{learner}--{lab}.json"
 
 
-def graded(out: Path, learner: str, lab: str) -> bool:
-    """Whether this learner's lab has a result that graded it (``--resume`` skips it); a
-    result that says it was not graded, for a clash of notebooks, does not count."""
+def graded(out: Path, learner: str, lab: str, digest: str | None = None) -> bool:
+    """Whether this learner's lab has a result that graded it (``--resume`` skips it): not
+    one that says it was not graded, for a clash of notebooks, and, given the ``digest`` of
+    the notebook handed in now, not one of a notebook whose content has changed since."""
     try:
-        return not json.loads(result_path(out, learner, lab).read_text()).get("clash")
+        result = json.loads(result_path(out, learner, lab).read_text())
     except (OSError, ValueError):
         return False
+    return not result.get("clash") and (digest is None or result.get("sha256") == digest)
 
 
 def load_results(out: Path) -> list[dict]:
@@ -55,16 +63,29 @@ def load_results(out: Path) -> list[dict]:
 def read_roster(path: Path) -> list[str]:
     """The learners of a roster CSV: its first column, a header cell ``learner`` skipped.
     Raises ValueError where it cannot be read or names no one."""
+    return load_roster(path)[0]
+
+
+def load_roster(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """(the learners of a roster CSV, in its order, each once; each learner's other columns
+    where it has a header row, ``learner,SIS Login ID,Section``: the ids a learning
+    platform matches learners by). Read once, so a pipe serves. Raises ValueError where it
+    cannot be read or names no one."""
     try:
         rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"--roster {path}: {error}") from None
-    names = [row[0].strip() for row in rows if row and row[0].strip()]
-    if names and names[0].lower() == "learner":
-        names = names[1:]
+    rows = [[cell.strip() for cell in row] for row in rows if row and row[0].strip()]
+    header = rows[0] if rows and rows[0][0].lower() == "learner" else None
+    if header:
+        rows = rows[1:]
+    names = list(dict.fromkeys(row[0] for row in rows))  # each once, in the roster's order
     if not names:
         raise ValueError(f"--roster {path}: no learner in it (the first column names them)")
-    return list(dict.fromkeys(names))  # each once, in the roster's order
+    # A short row leaves its last columns blank.
+    details = {row[0]: dict(zip(header[1:], row[1:], strict=False)) for row in rows} \
+        if header else {}
+    return names, details
 
 
 def against_roster(results: list[dict], roster: list[str]) -> tuple[list[str], list[str]]:
@@ -73,9 +94,11 @@ def against_roster(results: list[dict], roster: list[str]) -> tuple[list[str], l
     return [name for name in roster if name not in seen], sorted(seen - set(roster))
 
 
-def write_views(out: Path, roster: list[str] | None = None) -> list[Path]:
-    """gradebook.json, .csv, .html and junit.xml from every result in ``out``; with a
-    roster, they also name who handed in nothing and who is not on it."""
+def write_views(out: Path, roster: list[str] | None = None,
+                details: dict[str, dict[str, str]] | None = None) -> list[Path]:
+    """gradebook.json, .csv, .html, junit.xml, the Canvas and Moodle CSVs, and each
+    learner's feedback page, from every result in ``out``; with a roster, they also name
+    who handed in nothing and who is not on it."""
     results = load_results(out)
     book: dict = {"results": results}
     missing: list[str] = []
@@ -87,45 +110,53 @@ def write_views(out: Path, roster: list[str] | None = None) -> list[Path]:
         "gradebook.csv": _csv(results, missing),
         "gradebook.html": _html(results, missing, book.get("not_on_roster", [])),
         "junit.xml": _junit(results),
+        "grades-canvas.csv": exports.canvas(results, roster, details),
+        "grades-moodle.csv": exports.moodle(results, roster, details),
     }
     for name, text in views.items():
         write_atomic(out / name, text)
+    write_pages(out, results, write_atomic)
     return [out / name for name in views]
 
 
-def merge(shards: list[Path], out: Path, roster: list[str] | None = None) -> list[Path]:
+def merge(folders: list[Path], out: Path, roster: list[str] | None = None,
+          details: dict[str, dict[str, str]] | None = None) -> list[Path]:
     """Join the results of several shards into ``out`` and write its views. Raises
     ValueError, before copying anything, where a shard folder does not exist (a mistyped
-    folder, a job that never ran), or where two shards hold one learner's lab. A shard
-    with no result is fine: with more shards than notebooks, some get none."""
+    folder, a job that never ran), where the shards' manifests are not the n shares of one
+    class, each once (``shards.check``), or where two shards hold one learner's lab. A
+    shard with no result is fine: with more shards than learners, some get none."""
     owner: dict[str, Path] = {}  # result file name: the shard it comes from
-    for shard in shards:
-        if not shard.is_dir():
-            raise ValueError(f"--merge: the shard folder {shard} does not exist")
-        for path in sorted((shard / RESULTS).glob("*.json")):
+    for folder in folders:
+        if not folder.is_dir():
+            raise ValueError(f"--merge: the shard folder {folder} does not exist")
+    try:
+        shards.check(folders)
+    except ValueError as error:
+        raise ValueError(f"--merge: {error}") from None
+    for folder in folders:
+        for path in sorted((folder / RESULTS).glob("*.json")):
             if path.name in owner:
                 raise ValueError(f"--merge: {path.stem} is in two shards, {owner[path.name]} "
-                                 f"and {shard}: each learner's lab belongs to one shard")
-            owner[path.name] = shard
-    for name, shard in owner.items():
-        target = out / RESULTS / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not (target.exists() and target.samefile(shard / RESULTS / name)):
-            shutil.copyfile(shard / RESULTS / name, target)
-    return write_views(out, roster)
+                                 f"and {folder}: each learner's lab belongs to one shard")
+            owner[path.name] = folder
+    for name, folder in owner.items():
+        _copy(folder / RESULTS / name, out / RESULTS / name)
+    for folder in folders:  # each learner's notebooks as graded
+        for notebook in sorted((folder / FEEDBACK).glob("*/*.ipynb")):
+            _copy(notebook, out / notebook.relative_to(folder))
+    return write_views(out, roster, details)
 
 
-def _fraction(grade: dict) -> tuple[str, str]:
-    """(measured roofline fraction, predicted one), as text; "" where there is none."""
-    perf = grade.get("performance") or {}
-    measured = perf.get("roofline_fraction")
-    predicted = perf.get("predicted_roofline_fraction")
-    return (f"{measured:.3f}" if measured is not None else "",
-            f"{predicted:.3f}" if predicted is not None else "")
+def _copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not (target.exists() and target.samefile(source)):
+        shutil.copyfile(source, target)
 
 
-COLUMNS = ["learner", "lab", "exercise", "verdict", "points", "roofline_fraction",
-           "predicted_roofline_fraction", "check_seconds", "notebook_seconds", "message"]
+COLUMNS = ["learner", "lab", "exercise", "verdict", "points", "points_possible",
+           "roofline_fraction", "predicted_roofline_fraction", "check_seconds",
+           "notebook_seconds", "message"]
 
 
 def _csv(results: list[dict], missing: list[str]) -> str:
@@ -134,13 +165,16 @@ def _csv(results: list[dict], missing: list[str]) -> str:
     writer.writerow(COLUMNS)
     for result in results:
         for grade in result["grades"]:
-            measured, predicted = _fraction(grade)
+            measured, predicted = fractions(grade)
+            points = grade.get("points") or {}
             writer.writerow([result["learner"], result["lab"], grade["exercise"],
-                             grade["verdict"], int(grade["verdict"] == "PASS"), measured,
-                             predicted, grade["seconds"], result["seconds"],
+                             grade["verdict"], f"{points.get('earned', 0):g}",
+                             f"{points.get('possible', 0):g}", measured, predicted,
+                             grade["seconds"], result["seconds"],
                              grade["message"].splitlines()[0] if grade["message"] else ""])
     for learner in missing:  # on the roster, and no result: a row, so no one is forgotten
-        writer.writerow([learner, "", "", "MISSING", 0, "", "", "", "", "handed in nothing"])
+        writer.writerow([learner, "", "", "MISSING", 0, "", "", "", "", "",
+                         "handed in nothing"])
     return text.getvalue()
 
 
@@ -148,39 +182,23 @@ def _junit(results: list[dict]) -> str:
     suites = ElementTree.Element("testsuites", name="rooflab grade")
     for result in results:
         grades = result["grades"]
-        failed = [g for g in grades if g["verdict"] != "PASS"]
+        # NEEDS A GPU is not a failure: a CPU could not run it, and a GPU job will.
+        failed = [g for g in grades if g["verdict"] in FAILED]
+        pending = [g for g in grades if g["verdict"] == "NEEDS A GPU"]
         suite = ElementTree.SubElement(
             suites, "testsuite", name=f"{result['learner']}.{result['lab']}",
             tests=str(len(grades)), failures=str(len(failed)), errors="0",
-            time=f"{result['seconds']:.3f}")
+            skipped=str(len(pending)), time=f"{result['seconds']:.3f}")
         for grade in grades:
             case = ElementTree.SubElement(suite, "testcase", classname=result["learner"],
                                           name=grade["exercise"], time=f"{grade['seconds']:.3f}")
-            if grade["verdict"] != "PASS":
+            if grade["verdict"] in FAILED:
                 failure = ElementTree.SubElement(case, "failure",
                                                  message=grade["message"][:200])
                 failure.text = grade["message"]
+            elif grade["verdict"] == "NEEDS A GPU":
+                ElementTree.SubElement(case, "skipped", message=grade["message"][:200])
     return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
-
-
-STYLE = """
-body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 72rem;
-       color: #1f2328; padding: 0 1rem; }
-h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
-.note { color: #57606a; margin: .2rem 0 1rem; }
-table { border-collapse: collapse; width: 100%; margin: .5rem 0; }
-th, td { text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #d0d7de;
-         vertical-align: top; }
-th { background: #f6f8fa; font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-.v { font-weight: 600; white-space: nowrap; }
-.PASS { color: #1a7f37; } .FAIL { color: #cf222e; } .NOT { color: #9a6700; }
-.NEEDS { color: #0969da; }
-.msg { font-family: ui-monospace, monospace; font-size: 12.5px; white-space: pre-wrap;
-       max-height: 7.5em; overflow: auto; color: #424a53; }
-.warn { background: #fff8c5; border: 1px solid #d4a72c; padding: .4rem .6rem;
-        border-radius: 6px; margin: .4rem 0; }
-"""
 
 
 def _html(results: list[dict], missing: list[str], not_on_roster: list[str]) -> str:
@@ -209,37 +227,29 @@ def _html(results: list[dict], missing: list[str], not_on_roster: list[str]) -> 
     if not_on_roster:
         parts.append(f"<div class='warn'><b>Not on the roster:</b> "
                      f"{esc(', '.join(not_on_roster))}</div>")
+    policies = {json.dumps(r.get("policy", {}), sort_keys=True) for r in results}
+    if len(policies) > 1:
+        parts.append("<div class='warn'><b>Scored under different settings:</b> the "
+                     "results were given points under more than one --speed-on-cpu, "
+                     "--deadline or late rule; grade again with --resume to score them all "
+                     "alike.</div>")
     parts.append("<table><tr><th>learner</th><th>lab</th><th class='num'>passed</th>"
-                 "<th class='num'>time (s)</th><th>notes</th></tr>")
+                 "<th class='num'>points</th><th class='num'>time (s)</th><th>notes</th></tr>")
     for r in results:
         passed = sum(g["verdict"] == "PASS" for g in r["grades"])
-        notes = "; ".join([*r.get("changed", []), *r.get("problems", [])][:3])
+        late = (r.get("points") or {}).get("late", "")
+        notes = "; ".join([*([late] if late else []), *r.get("changed", []),
+                           *r.get("problems", [])][:3])
         parts.append(f"<tr><td><a href='#{esc(r['learner'])}--{esc(r['lab'])}'>"
                      f"{esc(r['learner'])}</a></td><td>{esc(r['lab'])}</td>"
                      f"<td class='num'>{passed} / {len(r['grades'])}</td>"
+                     f"<td class='num'>{points_text(r.get('points'))}</td>"
                      f"<td class='num'>{r['seconds']:.1f}</td><td>{esc(notes)}</td></tr>")
     for learner in missing:
         parts.append(f"<tr><td>{esc(learner)}</td><td></td><td class='num'></td>"
-                     "<td class='num'></td><td class='v FAIL'>handed in nothing</td></tr>")
+                     "<td class='num'></td><td class='num'></td>"
+                     "<td class='v FAIL'>handed in nothing</td></tr>")
     parts.append("</table>")
-    for r in results:
-        parts.append(f"<h2 id='{esc(r['learner'])}--{esc(r['lab'])}'>{esc(r['learner'])} · "
-                     f"{esc(r['lab'])}</h2><p class='note'>{esc(r['notebook'])}, "
-                     f"{r['seconds']:.1f} s, {esc(r.get('mode', ''))}"
-                     f"{'' if r.get('confined', True) else ', <b>unconfined</b>'}</p>")
-        for line in r.get("changed", []):
-            parts.append(f"<div class='warn'>Protected cell restored: {esc(line)}</div>")
-        for line in r.get("problems", []):
-            parts.append(f"<div class='warn'>{esc(line)}</div>")
-        parts.append("<table><tr><th>exercise</th><th>verdict</th><th class='num'>roofline"
-                     "</th><th class='num'>time (s)</th><th>message</th></tr>")
-        for g in r["grades"]:
-            measured, guess = _fraction(g)
-            figure = measured or (f"{guess} (predicted)" if guess else "")
-            parts.append(f"<tr><td>{esc(g['exercise'])}</td><td class='v "
-                         f"{esc(g['verdict'].split()[0])}'>{esc(g['verdict'])}</td>"
-                         f"<td class='num'>{figure}</td><td class='num'>{g['seconds']:.1f}</td>"
-                         f"<td><div class='msg'>{esc(g['message'])}</div></td></tr>")
-        parts.append("</table>")
+    parts.extend(section(r) for r in results)
     parts.append("</body></html>\n")
     return "".join(parts)
