@@ -5,21 +5,30 @@
 #               here; its autograder grades, its labs/ are the masters (default: course)
 #   SUBMISSION  the folder holding the learner's notebooks (default: submission)
 #   LEARNER     the name the gradebook gives them (default: the folder's name)
+#   LABS        which labs: "changed" (default: the labs the learner has begun, so a
+#               learner who finished labs 00-01 is not failed on 02-09), or numbers, 00,01
 #   OUT         where the gradebook goes (default: gradebook)
+#   VENV        a virtual environment to install the course into and grade from; kept
+#               between runs (the workflow caches it), it is reused while the course's
+#               pyproject.toml and constraints.txt are unchanged (default: .venv-grade)
 #   GRADE_ARGS  more options for `rooflab grade` (e.g. "--cell-timeout 300")
-#   SKIP_INSTALL=1  rooflab is installed already (a self-hosted runner, a test)
+#   SKIP_INSTALL=1  rooflab is installed already in the Python on PATH (a test)
 #
 # Each notebook runs in a sandbox, bubblewrap, which this script installs where it can
 # (apt-get) and allows to make its namespaces (Ubuntu 24.04 restricts them by default).
 # On a CPU runner the gradebook holds correctness and predicted performance; on a GPU
-# runner, measured roofline fractions. Exits 1 when an exercise did not pass, so the job
-# fails; the gradebook is written either way (upload it as an artefact). Exits 2, before
+# runner, measured roofline fractions. Exits 1 when an exercise failed or is not written
+# yet (NEEDS A GPU, on a CPU, fails nothing), so the job fails; the gradebook is written
+# as results arrive and at the end either way (upload it as an artefact). Exits 2, before
 # grading, when bubblewrap cannot run.
 set -euo pipefail
 COURSE=${COURSE:-course}
 SUBMISSION=${SUBMISSION:-submission}
 LEARNER=${LEARNER:-$(basename "$(realpath "$SUBMISSION")")}
 OUT=${OUT:-gradebook}
+LABS=${LABS:-changed}
+VENV=${VENV:-.venv-grade}
+PYTHON=$(command -v python3 || command -v python)
 sandbox_runs() { bwrap --unshare-all --die-with-parent --ro-bind / / true; }
 if [ -z "${SKIP_INSTALL:-}" ]; then
   sudo=$([ "$(id -u)" = 0 ] || echo sudo)
@@ -40,11 +49,25 @@ if [ -z "${SKIP_INSTALL:-}" ]; then
       echo "grade.sh: could not set kernel.apparmor_restrict_unprivileged_userns=0" \
            "(/proc/sys read-only, as in a container?)" >&2
   fi
-  # A CPU runner takes PyTorch's CPU build (200 MB, not several GB of CUDA).
-  if ! command -v nvidia-smi >/dev/null; then
-    python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+  # The course in an environment of its own, at the versions it was tested with. A cached
+  # environment is reused while neither the course's pyproject.toml nor its constraints
+  # changed.
+  constraints="$COURSE/ci/templates/constraints.txt"
+  stamp=$(cat "$COURSE/pyproject.toml" "$constraints" | sha256sum | cut -c1-16)
+  if [ "$(cat "$VENV/.rooflab-stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$VENV"
+    "$(command -v python3 || command -v python)" -m venv "$VENV"
+    # A CPU runner takes PyTorch's CPU build (200 MB, not several GB of CUDA).
+    if ! command -v nvidia-smi >/dev/null; then
+      "$VENV/bin/python" -m pip install -q -c "$constraints" torch \
+        --index-url https://download.pytorch.org/whl/cpu
+    fi
+    # Editable: the cached environment holds the dependencies; the course is read from
+    # its checkout, so an update to the course needs no new environment.
+    "$VENV/bin/python" -m pip install -q -c "$constraints" -e "$COURSE[lab]"
+    echo "$stamp" > "$VENV/.rooflab-stamp"
   fi
-  python -m pip install -q -e "$COURSE[lab]"
+  PYTHON="$VENV/bin/python"
 fi
 # Grading needs the sandbox: say why it cannot run before grading anything. With
 # --unconfined in GRADE_ARGS, rooflab grades without it (and the gradebook says so).
@@ -67,5 +90,5 @@ fi
 named=$(mktemp -d)
 ln -s "$(realpath "$SUBMISSION")" "$named/$LEARNER"
 # shellcheck disable=SC2086  # GRADE_ARGS is a list of options
-rooflab grade "$named/$LEARNER" --labs "$COURSE/labs" --out "$OUT" --require-pass \
-  ${GRADE_ARGS:-}
+"$PYTHON" -m rooflab.autograder.cli grade "$named/$LEARNER" --course "$COURSE" \
+  --labs "$LABS" --out "$OUT" --require-pass ${GRADE_ARGS:-}
