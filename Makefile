@@ -97,7 +97,8 @@ gpu-notebooks:
 	$(PY) -m pytest --nbval-lax --nbval-current-env -q solutions
 
 # Each bench is gated against this card's newest record in bench/results/: a course kernel
-# whose speed relative to the library fell by more than 5% (after a second look) fails it.
+# whose speed relative to the library fell by more than 5% and more than the spread of its
+# repeated runs fails it (see the README's benchmarks paragraph).
 gpu-bench:
 	$(PY) -m rooflab.autograder.cli roofline --json $(OUT)/
 	status=0; for bench in $(BENCHES); do \

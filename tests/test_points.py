@@ -281,6 +281,11 @@ def test_shards_merged_from_their_manifests_equal_one_run_and_a_missing_shard_fa
         gradebook.merge([folders[0], folders[2]], tmp_path / "partial")
     with pytest.raises(ValueError, match="there twice"):
         gradebook.merge([folders[0], folders[0], folders[2]], tmp_path / "partial")
+    # A shard cut off before its end (it wrote its manifest as it started) is named.
+    manifest = json.loads((folders[1] / "manifest.json").read_text())
+    (folders[1] / "manifest.json").write_text(json.dumps({**manifest, "finished": False}))
+    with pytest.raises(ValueError, match="shard 2/3 .* did not finish"):
+        gradebook.merge(folders, tmp_path / "partial")
 
 
 def test_a_shard_takes_its_learners_from_the_command_line_alone(tmp_path):

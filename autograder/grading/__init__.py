@@ -6,8 +6,14 @@
 * ``execute.py``: one notebook in a fresh kernel, with time limits and a memory cap; a
   crash ends an exercise, not the grading.
 * ``verdicts.py``: the grade of each exercise, decided outside the learner's process.
-* ``gradebook.py``: the gradebook as JSON, CSV, HTML and JUnit XML, written atomically;
-  shards merged.
+* ``scoring.py``: its points (a correctness part, a speed part scaled by the roofline
+  fraction), and a lab's, less any late penalty.
+* ``feedback.py``: each learner's folder: their notebook as graded, and their page.
+* ``exports.py``: the grades as Canvas and Moodle import them.
+* ``gradebook.py``: the gradebook as JSON, CSV, HTML and JUnit XML, written atomically,
+  with the exports and feedback pages; shards merged.
+* ``shards.py``: a class graded in shares, each from its own learners, and their
+  manifests, which a merge checks.
 * ``grade.py``: ``rooflab grade SUBMISSIONS… --out DIR``, the whole class, in parallel,
   resumable, in shards.
 

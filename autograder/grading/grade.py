@@ -478,6 +478,8 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits,
             signal.signal(signal.SIGTERM, previous)
         pool.shutdown()
     gradebook.write_views(out, options.roster, options.details)
+    if options.shard:
+        shards.write(out, paths, options.shard, finished=True)
     return done
 
 

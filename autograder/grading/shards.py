@@ -6,8 +6,9 @@ reads and unpacks only its own learners' submissions, and every learner's labs, 
 second notebook for a lab, land in one shard.
 
 Each shard writes its manifest, ``DIR/manifest.json``: which share it is, the whole class
-as its command line named it, and the learners it graded. ``--merge`` reads the manifests
-and joins the shares only when they are the n shares of one class, each there once.
+as its command line named it, the learners it grades, and whether it finished. ``--merge``
+reads the manifests and joins the shares only when they are the n finished shares of one
+class, each there once.
 """
 
 from __future__ import annotations
@@ -50,18 +51,20 @@ def class_digest(learners: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(set(learners))).encode()).hexdigest()[:16]
 
 
-def manifest(paths: list[Path], spec: str) -> dict:
-    """What shard ``spec`` of the class ``paths`` writes about itself."""
+def manifest(paths: list[Path], spec: str, finished: bool = False) -> dict:
+    """What shard ``spec`` of the class ``paths`` writes about itself: once as it starts,
+    and again, ``finished``, once every one of its learners is graded."""
     index, count = parse(spec)
     class_ = sorted({learner_of(path) for path in paths})
     return {"shard": index, "of": count, "class": class_, "digest": class_digest(class_),
-            "learners": sorted({learner_of(path) for path in share(paths, spec)})}
+            "learners": sorted({learner_of(path) for path in share(paths, spec)}),
+            "finished": finished}
 
 
-def write(folder: Path, paths: list[Path], spec: str) -> None:
+def write(folder: Path, paths: list[Path], spec: str, finished: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / (MANIFEST + ".partial")
-    partial.write_text(json.dumps(manifest(paths, spec), indent=1))
+    partial.write_text(json.dumps(manifest(paths, spec, finished), indent=1))
     partial.replace(folder / MANIFEST)
 
 
@@ -94,6 +97,11 @@ def check(folders: list[Path]) -> list[str]:
             raise ValueError(f"shard {entry['shard']}/{count} is there twice: "
                              f"{seen[entry['shard']]} and {folder}")
         seen[entry["shard"]] = folder
+    unfinished = [f"{entry['shard']}/{count} ({folder})" for folder, entry in found
+                  if not entry.get("finished")]
+    if unfinished:
+        raise ValueError(f"shard {', '.join(unfinished)} did not finish (interrupted, or out "
+                         "of time): run it again with --resume, then merge")
     missing = sorted(set(range(1, count + 1)) - set(seen))
     if missing:
         raise ValueError(f"shard{'s' * (len(missing) > 1)} "
