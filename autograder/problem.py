@@ -5,10 +5,16 @@ inputs, how close is close enough, what the work costs the machine, and how clos
 roofline counts as good. It says nothing about *how* to check: that is
 ``checking/engine.py``. The course's own problems are in ``problems/``, which registers
 them here and looks them up by id.
+
+A problem's cases ship with the lab: the learner sees every one. It may also say how to
+draw hidden ones (``Hidden``): sizes drawn from the grader's secret seed, run only when
+``rooflab grade`` grades the notebook, so that a kernel fitted to the public sizes alone
+(no mask, a tail it never reaches) fails there.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +55,8 @@ class Case:
     transposed: tuple[str, ...] = ()
     # On a GPU, the case that is timed (default: the one that moves the most bytes).
     timed: bool = False
+    # Drawn from the grader's seed (see ``Hidden``): run only when the notebook is graded.
+    hidden: bool = False
 
     @property
     def label(self) -> str:
@@ -57,7 +65,79 @@ class Case:
         extra += "".join(f" {name} transposed" for name in self.transposed)
         note = f" ({self.note})" if self.note else ""
         dtype = f" {dtype_name(self.dtype)}" if self.dtype is not None else ""
-        return f"{sizes}{dtype}{extra}{note}"
+        hidden = "hidden case " if self.hidden else ""
+        return f"{hidden}{sizes}{dtype}{extra}{note}"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where one hidden size is drawn: uniformly among ``lo`` ... ``hi`` (both included),
+    keeping only multiples of ``multiple_of`` and, if ``odd``, odd numbers.
+
+    An odd size is a multiple of no power-of-two block: a kernel without masks runs past
+    its end, or leaves the tail unwritten. ``multiple_of`` keeps a size a kernel may
+    assume (a K that tensor cores take in steps of 16, say).
+    """
+
+    lo: int
+    hi: int
+    multiple_of: int = 1
+    odd: bool = False
+
+    def __post_init__(self) -> None:
+        if self.multiple_of < 1 or (self.odd and self.multiple_of % 2 == 0):
+            raise ValueError(f"{self}: no size is an odd multiple of {self.multiple_of}")
+        if self._count() < 1:
+            raise ValueError(f"{self}: no size between {self.lo} and {self.hi} keeps the rule")
+
+    def _first_and_step(self) -> tuple[int, int]:
+        first = -(-self.lo // self.multiple_of) * self.multiple_of
+        if self.odd and first % 2 == 0:
+            first += self.multiple_of  # the next multiple is odd: multiple_of is
+        return first, self.multiple_of * (2 if self.odd else 1)
+
+    def _count(self) -> int:
+        first, step = self._first_and_step()
+        return max(0, (self.hi - first) // step + 1)
+
+    def draw(self, rng: random.Random) -> int:
+        first, step = self._first_and_step()
+        return first + step * rng.randrange(self._count())
+
+    def allows(self, size: int) -> bool:
+        return (self.lo <= size <= self.hi and size % self.multiple_of == 0
+                and (size % 2 == 1 or not self.odd))
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The hidden cases of one world: ``count`` of them, each size drawn from its Span
+    (in the order named), of one dtype and scale."""
+
+    sizes: dict[str, Span]
+    count: int = 1
+    dtype: torch.dtype | None = torch.float32
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Graded cases the learner never sees: their sizes are drawn from the grader's secret
+    seed, and they run only under ``rooflab grade`` (the learner's own check runs the
+    public cases, and its card says how many more grading runs).
+
+    ``cpu`` says how to draw them in the interpreter (small: every program is interpreted),
+    ``gpu`` on a GPU (larger; None: the CPU's draw there too). The public cases name the
+    traps; hidden ones keep a kernel from being fitted to the public sizes alone. Not for
+    a problem on ranks: ``checking/rank_check.py`` runs and judges its own case list, each
+    case naming its world size, and draws no hidden cases.
+    """
+
+    cpu: Draw
+    gpu: Draw | None = None
+
+    def draw(self, on_gpu: bool) -> Draw:
+        return self.gpu if on_gpu and self.gpu is not None else self.cpu
 
 
 @dataclass(frozen=True)
@@ -245,8 +325,16 @@ class Problem:
     # The course's own solution, "module:function" in rooflab.kernels. Tests hold it to the
     # problem's own bar: correct in both worlds, and on a GPU fast enough with a margin.
     solution: str = ""
+    # Graded cases drawn from the grader's seed, run only when graded (see Hidden).
+    hidden: Hidden | None = None
+
+    def __post_init__(self) -> None:
+        if self.hidden is not None and self.kernel == "ranks":  # ranks/problem.py's KIND
+            raise ValueError(f"{self.id}: a problem on ranks cannot have hidden cases: its "
+                             "check (checking/rank_check.py) runs its public cases only")
 
     def cases(self, on_gpu: bool) -> Sequence[Case]:
+        """The public cases for this world: the ones the learner's own check runs."""
         return self.gpu_cases if on_gpu else self.cpu_cases
 
     def expected_dtype(self, case: Case) -> torch.dtype:
@@ -257,6 +345,31 @@ class Problem:
         if key == "fp32" and on_gpu and self.tf32_on_gpu:
             key = "tf32"
         return self.tolerances[key]
+
+
+def hidden_cases(problem: Problem, seed: int, on_gpu: bool) -> list[Case]:
+    """The problem's hidden cases for ``seed``: the same list in every process that asks
+    (the notebook's check, the grader's recheck), drawn with a generator of their own, so
+    that torch's global one is left as it was. Each problem draws its own sizes from the
+    one seed a notebook is graded with."""
+    if problem.hidden is None:
+        return []
+    draw = problem.hidden.draw(on_gpu)
+    rng = random.Random(f"{problem.id} {seed} {'gpu' if on_gpu else 'cpu'}")
+    return [Case({name: span.draw(rng) for name, span in draw.sizes.items()}, draw.dtype,
+                 draw.scale, hidden=True) for _ in range(draw.count)]
+
+
+def graded_cases(problem: Problem, on_gpu: bool, seed: int, grading: bool) -> list[Case]:
+    """Every case a check runs, in order (its index seeds its inputs): the public ones,
+    then, when ``grading``, the hidden ones drawn from ``seed``."""
+    public = list(problem.cases(on_gpu))
+    return public + hidden_cases(problem, seed, on_gpu) if grading else public
+
+
+def hidden_count(problem: Problem, on_gpu: bool) -> int:
+    """How many hidden cases grading adds to this world's public ones."""
+    return problem.hidden.draw(on_gpu).count if problem.hidden is not None else 0
 
 
 _REGISTRY: dict[str, Problem] = {}

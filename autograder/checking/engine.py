@@ -30,7 +30,7 @@ from ..evidence.compare import CaseResult, Comparison, bits, compare
 from ..evidence.recording import Recording, host_writes, recorder
 from ..model import matrix_units, traffic
 from ..model.trace import tracing
-from ..problem import Case, Problem, dtype_name
+from ..problem import Case, Problem, dtype_name, graded_cases, hidden_count
 from . import handin
 from .result import CheckResult, Performance
 from .time_limit import ENV as TIME_LIMIT_ENV
@@ -252,7 +252,9 @@ def check(
     """Grade ``candidate`` on the problem ``problem_id`` ("<lab>/<exercise>").
 
     Runs every case for this device (small ones on a CPU, chip-filling ones on a GPU),
-    on fresh random inputs; ``seed`` repeats a previous run's inputs. On a GPU, and if
+    on fresh random inputs; ``seed`` repeats a previous run's inputs. Under ``rooflab
+    grade``, the problem's hidden cases too, their sizes drawn from the grader's seed
+    (``problem.Hidden``); elsewhere the card only says how many there are. On a GPU, and if
     ``measure``, also times the largest case and grades its roofline fraction.
 
     In Triton's interpreter (no GPU), every launch is traced: an out-of-bounds access or
@@ -288,7 +290,8 @@ def check(
         return again
     info = device_layer.current()
     dev = torch.device(info.torch_device)
-    if handin.active():  # under `rooflab grade`: its seed, and answers to recheck
+    graded = handin.active()
+    if graded:  # under `rooflab grade`: its seed, its hidden cases, answers to recheck
         seed = handin.seed() if seed is None else seed
         keep_outputs = True
     seed = new_seed() if seed is None else seed
@@ -315,7 +318,7 @@ def check(
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure,
                        candidate, scratch)
 
-    for index, case, again in _runs(spec, on_gpu):
+    for index, case, again in _runs(spec, on_gpu, seed, graded):
         if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
             result.skipped.append(f"{case.label}: {INTERPRETER_SKIPS[case.dtype]}")
             continue
@@ -365,7 +368,10 @@ def check(
         result.cases.append(judged)
         if keep_outputs and not again:
             result.outputs[index] = _copy_of(output)
-        if launches and (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
+        # Public cases only: the prediction, and the traffic targets graded from it, must
+        # be the same whether or not the notebook is graded.
+        if launches and not case.hidden and \
+                (traced is None or spec.cost(case).bytes >= spec.cost(traced[0]).bytes):
             traced = (case, launches)
         if launches and judged.ok and not again:  # a case run twice is one finding
             for finding in _tile_findings(spec, case, launches):
@@ -380,6 +386,10 @@ def check(
     result.triton_launches = dict(recording.triton_launches)
     result.autotuned = dict(recording.autotuned)
     result.cuda_launches = dict(recording.cuda_launches)
+    hidden = hidden_count(spec, on_gpu)
+    if hidden and not graded and result.cases:
+        result.skipped.append(f"{hidden} hidden case{'s' if hidden > 1 else ''}: sizes drawn "
+                              "from the grader's seed, run only when the notebook is graded")
     result.causes = _causes(spec, result)
     for finding, labels in tile_findings.items():
         more = f" and {len(labels) - 1} more" if len(labels) > 1 else ""
@@ -610,12 +620,15 @@ def _copy_of(output: object) -> object:
     return output
 
 
-def _runs(spec: Problem, on_gpu: bool) -> list[tuple[int, Case, bool]]:
-    """(index, case, again) for each run: every case, then, for a kernel exercise, its
+def _runs(spec: Problem, on_gpu: bool, seed: int, graded: bool
+          ) -> list[tuple[int, Case, bool]]:
+    """(index, case, again) for each run: every case (when ``graded``, the hidden ones
+    drawn from ``seed`` too, after the public ones), then, for a kernel exercise, its
     cheapest case once more with new values. A kernel that keeps the answer of an earlier
     call and hands it back for the same sizes is right on every first call; on a CPU,
-    where nothing is timed, nothing else would ever call it twice."""
-    cases = list(spec.cases(on_gpu))
+    where nothing is timed, nothing else would ever call it twice. The indices are those
+    ``isolated.recheck`` gives the same list."""
+    cases = graded_cases(spec, on_gpu, seed, graded)
     runs = [(index, case, False) for index, case in enumerate(cases)]
     runnable = [case for case in cases if not (device_layer.interpreter_enabled()
                                                and case.dtype in INTERPRETER_SKIPS)]

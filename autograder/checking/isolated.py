@@ -41,9 +41,9 @@ import torch
 from .. import problems
 from ..confine import Sandbox, package_folder, why_unavailable
 from ..evidence import grader_calls
-from ..problem import Problem
+from ..problem import Problem, graded_cases
 from ..ranks.problem import RanksProblem
-from . import answers
+from . import answers, handin
 from . import time_limit as limits
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
@@ -79,6 +79,8 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
                                    f"{why_unavailable()}. Install it, or give --unconfined "
                                    "to run the candidate with your rights")
     seed = new_seed() if seed is None else seed
+    # The child keeps $ROOFLAB_GRADE_*: graded, it runs the hidden cases too, as a notebook would.
+    graded = handin.active()
     # Unless one is given, each problem keeps its own limit (a ring's is shorter).
     limit = _limit_of(spec, time_limit)
     with tempfile.TemporaryDirectory(prefix="rooflab-check-") as scratch:
@@ -95,7 +97,8 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
         # Its own session: a time limit ends the child and anything it started.
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
                                  cwd=cwd)
-        overall = limit * (len(spec.cases(_on_gpu())) + 1) + OVERHEAD_S if limit > 0 else None
+        cases = len(graded_cases(spec, _on_gpu(), seed, graded))
+        overall = limit * (cases + 1) + OVERHEAD_S if limit > 0 else None
         try:
             status = child.wait(timeout=overall)
         except subprocess.TimeoutExpired:
@@ -123,7 +126,7 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
         borrowed = grader_calls.cause(report.get("grader_calls"))
         if borrowed:  # in its own report, whatever verdict came with it
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {borrowed} (inputs seed {seed})")
-        wrong = recheck(spec, into / "outputs.pt", seed)
+        wrong = recheck(spec, into / "outputs.pt", seed, graded=graded)
         if wrong:
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
                                       f"the candidate's process; inputs seed {seed})")
@@ -202,10 +205,12 @@ def _ended_without_verdict(status: int) -> str:
             "os._exit or a crash in native code? A kernel must return its answer")
 
 
-def recheck(spec: Problem, outputs_path: Path, seed: int) -> str:
+def recheck(spec: Problem, outputs_path: Path, seed: int, graded: bool = True) -> str:
     """Check every case's answer again, here, on the same inputs (same seed): "" if all
-    are right, else the first that is not. A problem on N ranks is judged again from what
-    its ranks returned and recorded."""
+    are right, else the first that is not. ``graded`` (a notebook's record, under
+    ``rooflab grade``): its hidden cases too, drawn from the same seed, in the check's
+    order. A problem on N ranks is judged again from what its ranks returned and
+    recorded."""
     from ..device import current, interpreter_enabled
     from ..ranks import RanksProblem
     from .engine import INTERPRETER_SKIPS, CaseRun
@@ -222,7 +227,7 @@ def recheck(spec: Problem, outputs_path: Path, seed: int) -> str:
         return recheck_ranks(spec, outputs, seed)
     info = current()
     dev = torch.device(info.torch_device)
-    for index, case in enumerate(spec.cases(info.can_measure)):
+    for index, case in enumerate(graded_cases(spec, info.can_measure, seed, graded)):
         if interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
             continue
         if index not in outputs:

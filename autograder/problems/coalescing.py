@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from ..problem import Case, Cost, Levels, Problem, Structure, random_tensor, register
+from ..problem import (
+    Case,
+    Cost,
+    Draw,
+    Hidden,
+    Levels,
+    Problem,
+    Span,
+    Structure,
+    random_tensor,
+    register,
+)
 
 
 def vector_inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
@@ -43,6 +54,9 @@ register(Problem(
         Case({"n": (1 << 25) + 7}, torch.bfloat16),
         Case({"n": 1 << 26}, torch.float32, note="fills the chip"),
     ],
+    # Odd lengths: a multiple of no block, so an unmasked last block fails whatever BLOCK.
+    hidden=Hidden(cpu=Draw({"n": Span(1025, 4095, odd=True)}, count=2),
+                  gpu=Draw({"n": Span((1 << 20) + 1, (1 << 24) - 1, odd=True)})),
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
     structure=Structure(sector_efficiency=0.9, dram_over_compulsory=1.5),
     library_ops=frozenset({"add", "add_", "sub", "sum", "stack", "cat", "copy_"}),

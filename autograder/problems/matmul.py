@@ -11,8 +11,11 @@ from ..problem import (
     DEFAULT_TOLERANCES,
     Case,
     Cost,
+    Draw,
+    Hidden,
     Levels,
     Problem,
+    Span,
     Structure,
     Tolerance,
     random_tensor,
@@ -208,6 +211,11 @@ _matmul_problem(
         Case({"m": 1000, "n": 1001, "k": 999}, torch.float32, note="ragged"),
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.float16, transposed=("b",)),
     ],
+    # Odd sizes, n on either side of a 64-column block; small, as the cases above are.
+    hidden=Hidden(cpu=Draw({"m": Span(3, 9, odd=True), "n": Span(33, 99, odd=True),
+                            "k": Span(3, 15, odd=True)}),
+                  gpu=Draw({"m": Span(301, 999, odd=True), "n": Span(301, 999, odd=True),
+                            "k": Span(301, 999, odd=True)})),
     # The starting point of the ladder: timed to be compared, not held to a speed.
     levels=Levels(passing=0.0, good=0.05, excellent=0.1),
     hints=("Each program owns one row of C and a block of its columns; walk k from 0 to K.",
@@ -233,6 +241,9 @@ _matmul_problem(
         Case({"m": 1536, "n": 2048, "k": 1024}, torch.float16, transposed=("a",)),
         Case({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16, note="fills the chip"),
     ],
+    # Odd M, N and K: ragged tiles on every side, whatever the tile.
+    hidden=Hidden(cpu=Draw({name: Span(33, 99, odd=True) for name in "mnk"}, count=2),
+                  gpu=Draw({name: Span(1001, 3001, odd=True) for name in "mnk"})),
     levels=Levels(passing=0.3, good=0.5, excellent=0.7),
     tf32_on_gpu=True,
     hints=("Walk K in steps of BLOCK_K: each step loads a BLOCK_M × BLOCK_K tile of A and a "

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from ..problem import Case, Cost, Levels, Problem, Structure, random_tensor, register
+from ..problem import (
+    Case,
+    Cost,
+    Draw,
+    Hidden,
+    Levels,
+    Problem,
+    Span,
+    Structure,
+    random_tensor,
+    register,
+)
 from . import traced
 
 # What a wrong softmax looks like, and why: the engine adds this to a failing case.
@@ -136,6 +147,9 @@ _softmax_problem(
         Case({"m": 16384, "n": 8192}, torch.float16, note="timed: rows fit one block",
              timed=True),
     ],
+    # Odd row lengths: the block is the next power of two, its tail masked as -inf.
+    hidden=Hidden(cpu=Draw({"m": Span(3, 13), "n": Span(129, 999, odd=True)}, count=2),
+                  gpu=Draw({"m": Span(1000, 4000), "n": Span(1001, 8191, odd=True)})),
     # One read and one write of HBM: at least 70% of the measured copy bandwidth.
     levels=Levels(passing=0.7, good=0.8, excellent=0.9),
     # Three passes through memory move 2.5–3.5× the compulsory bytes; one pass, 1×. On a

@@ -25,7 +25,18 @@ from ..evidence import grader_calls, guard, poison
 from ..evidence.live_memory import live
 from ..evidence.recording import TRIVIAL_OPS, paused
 from ..model.trace import tracing
-from ..problem import Case, Cost, Levels, Problem, dtype_name, random_tensor, register
+from ..problem import (
+    Case,
+    Cost,
+    Draw,
+    Hidden,
+    Levels,
+    Problem,
+    Span,
+    dtype_name,
+    random_tensor,
+    register,
+)
 from . import traced
 
 ROWS_SIGNATURE = ("(x: Tensor[m, n], k: int) -> (values: Tensor[m, k], indices: "
@@ -810,6 +821,11 @@ register(Problem(
         _rows_case(1024, 2048, 32, BF16),
         _rows_case(4096, 32768, 64, note="timed", timed=True),
     ],
+    # Odd row lengths past a block, and any k (mostly not a power of two).
+    hidden=Hidden(cpu=Draw({"m": Span(2, 3), "n": Span(257, 1499, odd=True),
+                            "k": Span(2, 31)}),
+                  gpu=Draw({"m": Span(256, 2048), "n": Span(1001, 8191, odd=True),
+                            "k": Span(2, 100)})),
     # Nothing measured yet: the course's kernel is expected at 2-4× torch.topk at 4096 ×
     # 32768, k = 64 (its bitonic network, ~30 compare-and-swaps per element, is the bound;
     # torch.topk took 1609 µs there on an H200, 8% of the roofline). The bars are half of
