@@ -39,6 +39,8 @@ def _submission(lab: str, solved: dict[str, float]) -> dict:
     if solved:
         cell = next(c for c in notebook["cells"] if "solution" in c["metadata"].get("tags", []))
         cell["source"] = f"CLAIMS = {json.dumps(solved)}\n"
+    # Points a submission gives itself count for nothing: the grader reads the course's lab.
+    notebook["metadata"]["rooflab"] = {"grading": {"coalescing/vector_add": {"points": 100}}}
     return notebook
 
 

@@ -105,7 +105,10 @@ def section(result: dict, anchor: bool = True, notebook: str = "") -> str:
                  "</tr>")
     for g in r["grades"]:
         measured, guess = fractions(g)
+        traffic = (g.get("performance") or {}).get("predicted_traffic_fraction")
         figure = measured or (f"{guess} (predicted)" if guess else "")
+        if not measured and traffic is not None:  # what --speed-on-cpu predicted grades
+            figure += f"<br>{traffic:.2f} in its traffic"
         why = (g.get("points") or {}).get("why", "")
         message = g["message"] + (f"\n[points: {why}]" if why and why != "not passed" else "")
         parts.append(f"<tr><td>{esc(g['exercise'])}</td><td class='v "
