@@ -236,7 +236,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     try:
         written = release(Path(args.root), Path(args.out))
-    except FileExistsError as error:
+    except (FileExistsError, FileNotFoundError) as error:
         raise UsageError(str(error)) from None
     print(f"wrote {len(written)} files to {args.out}: the learner notebooks, the autograder, "
           "kernels/ with every answer replaced by its stub, make lab and make test")
@@ -268,8 +268,18 @@ def cmd_grade(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.merge:
+        scoring = {"--deadline": args.deadline, "--late-penalty": args.late_penalty,
+                   "--late-cap": args.late_cap, "--labs": args.labs,
+                   "--submitted": args.submitted, "--shard": args.shard,
+                   "--resume": args.resume, "--speed-on-cpu": args.speed_on_cpu != "none"}
+        given = [name for name, value in scoring.items() if value]
+        if given:
+            raise UsageError(f"--merge joins results as their shards graded and scored them: "
+                             f"give {', '.join(given)} to each shard, not to the merge")
         try:
-            views = gradebook.merge([Path(p) for p in args.submissions], out, roster, details)
+            views = gradebook.merge([Path(p) for p in args.submissions], out, roster, details,
+                                    say=lambda line: print(f"rooflab grade: {line}",
+                                                           file=sys.stderr))
         except ValueError as error:
             raise UsageError(str(error)) from None
         print(f"merged {len(gradebook.load_results(out))} results into {out}: "
@@ -300,6 +310,11 @@ def cmd_grade(args: argparse.Namespace) -> int:
               "junit.xml, grades-canvas.csv, grades-moodle.csv; each learner's feedback in "
               f"{out / 'feedback'})")
     results = gradebook.load_results(out)
+    pending = sum(len((r.get("points") or {}).get("pending", [])) for r in results)
+    if pending:
+        print(f"rooflab grade: {pending} exercise{'s' * (pending > 1)} NEEDS A GPU: compiled "
+              "only, worth their points and earning none until graded on a GPU (the same "
+              "command with --resume there)", file=sys.stderr)
     if roster is not None:
         missing, strangers = gradebook.against_roster(results, roster)
         for words, names in (("handed in nothing", missing), ("not on the roster", strangers)):

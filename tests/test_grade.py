@@ -139,6 +139,7 @@ def graded(tmp_path_factory):
     time.sleep(1)
     left = _ours(str(scratch))
     before = {p.name: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    interrupted_book = json.loads((out / "gradebook.json").read_text())
     try:
         second = subprocess.run([*command, "--resume"], env=env, capture_output=True,
                                 text=True, timeout=400)
@@ -146,7 +147,8 @@ def graded(tmp_path_factory):
         for pid in _ours(str(scratch)):  # never leave a hung grading behind the suite
             os.kill(pid, signal.SIGKILL)
     return {"out": out, "first": (first.returncode, first_err), "left": left,
-            "before": before, "second": second, "scratch": scratch}
+            "before": before, "second": second, "scratch": scratch,
+            "interrupted_book": interrupted_book}
 
 
 def test_an_interrupted_grading_ends_its_notebooks_and_resumes_without_grading_twice(graded):
@@ -155,6 +157,8 @@ def test_an_interrupted_grading_ends_its_notebooks_and_resumes_without_grading_t
     assert "--resume" in err
     assert graded["left"] == [], "processes left running after the interruption"
     assert graded["before"] and len(graded["before"]) < len(CLASS)
+    # The gradebook an interruption leaves holds what was graded by then.
+    assert len(graded["interrupted_book"]["results"]) == len(graded["before"])
     second = graded["second"]
     assert second.returncode == 0, second.stderr
     assert f"{len(graded['before'])} already graded (--resume)" in second.stderr

@@ -412,3 +412,81 @@ def test_every_masters_points_name_a_graded_exercise_of_its_lab():
 def test_a_mistyped_grading_table_is_refused_naming_the_entry(entry, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         points.parse({"grading": entry}, "01_demo.md")
+
+
+# --- what a hostile or careless class hands in ----------------------------------------------
+
+def test_a_link_in_a_submission_is_not_graded_and_a_broken_zip_stops_no_one(tmp_path):
+    from rooflab.autograder.grading.grade import find_tasks
+
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    (alice / "00_roofline.ipynb").symlink_to(ROOT / "solutions" / "00_roofline.ipynb")
+    (alice / "work").symlink_to(ROOT / "solutions", target_is_directory=True)
+    bob = tmp_path / "bob"
+    bob.mkdir()
+    (bob / "01_lab.ipynb").write_text(json.dumps(_submission("01", {})))
+    (tmp_path / "carol.zip").write_bytes(b"not a zip")
+    tasks, problems = find_tasks([alice, bob, tmp_path / "carol.zip"], ROOT / "labs",
+                                 tmp_path / "unpacked")
+    assert [(t.learner, t.lab_name) for t in tasks] == [("bob", "01_coalescing")]
+    assert any("00_roofline.ipynb: a link" in line for line in problems)
+    assert any("carol.zip: not graded, the zip cannot be read" in line for line in problems)
+
+
+def test_resume_grades_again_a_result_from_another_kind_of_device(tmp_path, stand_in):
+    paths = _hand_in(tmp_path / "handed")
+    assert _grade(tmp_path, paths=paths) == 0
+    path = gradebook.result_path(tmp_path / "out", "alice", "01_coalescing")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "measured": True}))
+    stand_in.clear()
+    assert _grade(tmp_path, "--resume", paths=paths) == 0
+    assert stand_in == [("alice", "01_coalescing")]  # a GPU's result, resumed on a CPU
+
+
+def test_needs_a_gpu_keeps_its_worth_and_is_named_pending():
+    result = {"lab": "02_matmul", "grades": [_pass("x/y"), {"exercise": "matmul/cuda_coalesced",
+                                                            "verdict": "NEEDS A GPU"}]}
+    points_ = scoring.score(result, {}, scoring.Policy())["points"]
+    assert (points_["earned"], points_["possible"]) == (1, 2)
+    assert points_["pending"] == ["matmul/cuda_coalesced"]
+
+
+def test_merge_refuses_a_stray_result_other_settings_an_old_gradebook_and_scoring_options(
+        tmp_path, stand_in, capsys):
+    paths = _hand_in(tmp_path / "handed")
+    for i in (1, 2):
+        assert _grade(tmp_path, "--shard", f"{i}/2", paths=paths, out=f"s{i}") == 0
+    folders = [tmp_path / "s1", tmp_path / "s2"]
+    stray = gradebook.result_path(tmp_path / "s1", "alice", "01_coalescing")
+    copy_ = gradebook.result_path(tmp_path / "s2", "zed", "01_coalescing")
+    copy_.write_text(stray.read_text())
+    with pytest.raises(ValueError, match="not a learner of that shard"):
+        gradebook.merge(folders, tmp_path / "m")
+    copy_.unlink()
+    gradebook.write_atomic(gradebook.result_path(tmp_path / "old", "zed", "01_x"), "{}")
+    with pytest.raises(ValueError, match="already holds results"):
+        gradebook.merge(folders, tmp_path / "old")
+    assert _grade(tmp_path, "--shard", "2/2", "--labs", "01", paths=paths, out="s2") == 0
+    with pytest.raises(ValueError, match="different settings"):
+        gradebook.merge(folders, tmp_path / "m")
+    assert main(["grade", "--merge", *map(str, folders), "--out", str(tmp_path / "m"),
+                 "--deadline", DEADLINE]) == 2
+    assert "give --deadline to each shard" in capsys.readouterr().err
+    gradebook.write_atomic(gradebook.result_path(tmp_path / "bare", "amy", "01_x"),
+                           json.dumps({"learner": "amy", "lab": "01_x", "notebook": "",
+                                       "seconds": 0.0, "grades": []}))
+    assert main(["grade", "--merge", str(tmp_path / "bare"), "--out", str(tmp_path / "m2")]) == 0
+    assert "no shard manifest" in capsys.readouterr().err
+
+
+def test_a_roster_header_may_name_the_platforms_columns_without_learner(tmp_path):
+    roster = tmp_path / "roster.csv"
+    roster.write_text("Student,SIS Login ID,Section\nann,a123,s1\nben,b456,s1\n")
+    names, details = gradebook.load_roster(roster)
+    assert names == ["ann", "ben"] and details["ann"]["SIS Login ID"] == "a123"
+
+
+def test_a_release_from_anywhere_but_the_course_is_refused(tmp_path, capsys):
+    assert main(["release", str(tmp_path / "out"), "--root", str(tmp_path)]) == 2
+    assert "is not the course's repository" in capsys.readouterr().err

@@ -96,6 +96,10 @@ def section(result: dict, anchor: bool = True, notebook: str = "") -> str:
     parts = [head]
     if points.get("late"):
         parts.append(f"<div class='warn'><b>Late:</b> {esc(points['late'])}</div>")
+    if points.get("pending"):
+        parts.append(f"<div class='warn'><b>Pending a GPU:</b> "
+                     f"{esc(', '.join(points['pending']))} compiled here, and earn their "
+                     "points once graded on a GPU (rooflab grade --resume there).</div>")
     for line in r.get("changed", []):
         parts.append(f"<div class='warn'>Protected cell restored: {esc(line)}</div>")
     for line in r.get("problems", []):

@@ -99,12 +99,20 @@ def find_tasks(paths: list[Path], labs: Path, unpack_into: Path,
         if path.suffix == ".zip":
             learner = path.stem
             # A folder per argument: two zips of one name must not unpack over each other.
-            shown = _unpack(path, unpack_into / str(number) / learner)
+            try:
+                shown = _unpack(path, unpack_into / str(number) / learner)
+            except (zipfile.BadZipFile, OSError, ValueError) as error:
+                problems.append(f"{path}: not graded, the zip cannot be read ({error})")
+                continue
             notebooks = sorted(shown)
             zipped.update(shown)
         elif path.is_dir():
-            learner, notebooks = path.name, sorted(path.rglob("*.ipynb"))
-            shown = {}
+            learner, shown = path.name, {}
+            notebooks, links = _own_notebooks(path)
+            # A link could hand in anyone's notebook (another learner's, the solutions):
+            # the grader reads a notebook outside the sandbox, so it reads none.
+            problems += [f"{link}: a link, not a notebook of this submission: not graded"
+                         for link in links]
         elif path.suffix == ".ipynb":
             learner, notebooks, shown = path.stem, [path], {}
         else:
@@ -146,6 +154,23 @@ def find_tasks(paths: list[Path], labs: Path, unpack_into: Path,
                             f"{', '.join(everyone)}; none is graded: keep one, or grade "
                             "with --pick newest")
     return tasks, problems
+
+
+def _own_notebooks(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(the notebooks in ``folder`` and its subfolders, the links among them, or in the
+    way to them, which are left out)."""
+    inside = folder.resolve()
+    own, links = [], []
+    for notebook in sorted(folder.rglob("*.ipynb")):
+        # The folders in between (the submission's own folder may be a link: it is the
+        # instructor's argument).
+        between = [p for p in notebook.relative_to(folder).parents if p != Path(".")]
+        linked = notebook.is_symlink() or any((folder / p).is_symlink() for p in between)
+        if linked or not notebook.resolve().is_relative_to(inside):
+            links.append(notebook)
+        else:
+            own.append(notebook)
+    return own, links
 
 
 def _unpack(archive_path: Path, folder: Path) -> dict[Path, str]:
@@ -417,7 +442,7 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits,
         out.mkdir(parents=True, exist_ok=True)
         mine = shards.share(paths, options.shard)  # nothing of another shard is opened
         if options.shard:
-            shards.write(out, paths, options.shard)
+            shards.write(out, paths, options.shard, _settings(labs, options))
         tasks, problems = find_tasks(mine, labs, Path(unpacked) / "submissions", options.pick)
         for line in problems:
             print(f"rooflab grade: {line}", file=progress)
@@ -427,10 +452,13 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits,
                                          options.submitted.get((task.learner, "")))
             if when is not None:
                 task.submitted, task.submitted_from = when, "the manifest of submission times"
-        todo = _to_grade(tasks, out, options)
+        todo = _to_grade(tasks, out, options, current().can_measure)
         if len(todo) < len(tasks):
             print(f"rooflab grade: {len(tasks) - len(todo)} already graded (--resume): "
                   "their notebooks are unchanged", file=progress)
+        # A gradebook from the start (what --resume kept, scored again), so that a job cut
+        # off before its first notebook is done still has one.
+        gradebook.write_views(out, options.roster, options.details)
         on_gpu = current().can_measure
         workers = 1 if on_gpu else (options.jobs or max(1, (os.cpu_count() or 2) // 2))
         seed = secrets.randbelow(1 << 30)
@@ -473,20 +501,33 @@ def grade(paths: list[Path], out: Path, labs: Path, limits: Limits,
             _stopping.set()
             pool.shutdown(wait=False, cancel_futures=True)
             _end_all()
+            gradebook.write_views(out, options.roster, options.details)
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
         pool.shutdown()
     gradebook.write_views(out, options.roster, options.details)
     if options.shard:
-        shards.write(out, paths, options.shard, finished=True)
+        shards.write(out, paths, options.shard, _settings(labs, options), finished=True)
     return done
 
 
-def _to_grade(tasks: list[Task], out: Path, options: Options) -> list[Task]:
-    """The tasks to grade now. With ``--resume``, a result of the same notebook is kept,
-    scored again under this grading's settings (points, deadlines) without running it; a
-    result that says its lab was not graded (a clash) is written again each time."""
+def _settings(labs: Path, options: Options) -> dict:
+    """What the shards of one grading must share, for ``--merge`` to compare."""
+    course = hashlib.sha256()
+    for lab in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
+        course.update(lab.name.encode() + lab.read_bytes())
+    chosen_labs = sorted(options.labs) if isinstance(options.labs, set) else options.labs
+    return {"labs": chosen_labs, "course": course.hexdigest()[:16],
+            "policy": options.policy.as_dict(), "pick": options.pick}
+
+
+def _to_grade(tasks: list[Task], out: Path, options: Options, measured: bool) -> list[Task]:
+    """The tasks to grade now. With ``--resume``, a result of the same notebook graded on
+    the same kind of device (``measured``: a GPU's timings) is kept, scored again under
+    this grading's settings (points, deadlines) without running it; a result that says its
+    lab was not graded (a clash) is written again each time, and so is a CPU's result on
+    a GPU, where its NEEDS A GPU can be decided and its speed measured."""
     if not options.resume:
         return tasks
     todo = []
@@ -497,6 +538,9 @@ def _to_grade(tasks: list[Task], out: Path, options: Options) -> list[Task]:
             todo.append(task)
             continue
         before = json.loads(path.read_text())
+        if bool(before.get("measured")) != measured:
+            todo.append(task)
+            continue
         result = json.loads(json.dumps(before))  # scored in place: a copy
         result.update(submitted=task.submitted, submitted_from=task.submitted_from,
                       submitted_iso=iso(task.submitted) if task.submitted is not None else "")

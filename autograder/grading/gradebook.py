@@ -18,6 +18,7 @@ import html
 import io
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -67,16 +68,16 @@ def read_roster(path: Path) -> list[str]:
 
 
 def load_roster(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
-    """(the learners of a roster CSV, in its order, each once; each learner's other columns
-    where it has a header row, ``learner,SIS Login ID,Section``: the ids a learning
-    platform matches learners by). Read once, so a pipe serves. Raises ValueError where it
-    cannot be read or names no one."""
+    """(the learners of a roster CSV, its first column, in its order, each once; each
+    learner's other columns where it has a header row, ``learner,SIS Login ID,Section``:
+    the ids a learning platform matches learners by). Read once, so a pipe serves. Raises
+    ValueError where it cannot be read or names no one."""
     try:
         rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"--roster {path}: {error}") from None
     rows = [[cell.strip() for cell in row] for row in rows if row and row[0].strip()]
-    header = rows[0] if rows and rows[0][0].lower() == "learner" else None
+    header = rows[0] if rows and _is_header(rows[0]) else None
     if header:
         rows = rows[1:]
     names = list(dict.fromkeys(row[0] for row in rows))  # each once, in the roster's order
@@ -86,6 +87,14 @@ def load_roster(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
     details = {row[0]: dict(zip(header[1:], row[1:], strict=False)) for row in rows} \
         if header else {}
     return names, details
+
+
+def _is_header(row: list[str]) -> bool:
+    """A roster's first row names its columns when it starts with ``learner`` or names a
+    column a learning platform matches by (``Student``, ``SIS Login ID``, ``Username``,
+    ...): a learner is never called so."""
+    known = {"learner"} | {name for names in exports.ALSO_CALLED.values() for name in names}
+    return row[0].lower() == "learner" or any(cell.lower() in known for cell in row)
 
 
 def against_roster(results: list[dict], roster: list[str]) -> tuple[list[str], list[str]]:
@@ -120,26 +129,45 @@ def write_views(out: Path, roster: list[str] | None = None,
 
 
 def merge(folders: list[Path], out: Path, roster: list[str] | None = None,
-          details: dict[str, dict[str, str]] | None = None) -> list[Path]:
+          details: dict[str, dict[str, str]] | None = None,
+          say: Callable[[str], None] = lambda line: None) -> list[Path]:
     """Join the results of several shards into ``out`` and write its views. Raises
     ValueError, before copying anything, where a shard folder does not exist (a mistyped
-    folder, a job that never ran), where the shards' manifests are not the n shares of one
-    class, each once (``shards.check``), or where two shards hold one learner's lab. A
-    shard with no result is fine: with more shards than learners, some get none."""
+    folder, a job that never ran), where the shards' manifests are not the n finished
+    shares of one grading, each once (``shards.check``), where a shard holds a result of
+    a learner not its own, where two shards hold one learner's lab, or where ``out``
+    already holds results from elsewhere. A shard with no result is fine: with more shards
+    than learners, some get none. Folders without a manifest (gradings without --shard)
+    are joined as they are, and ``say`` says that nothing checked them."""
     owner: dict[str, Path] = {}  # result file name: the shard it comes from
     for folder in folders:
         if not folder.is_dir():
             raise ValueError(f"--merge: the shard folder {folder} does not exist")
     try:
-        shards.check(folders)
+        if not shards.check(folders):
+            say("--merge: these folders have no shard manifest (graded without --shard): "
+                "nothing checks that together they are the whole class")
     except ValueError as error:
         raise ValueError(f"--merge: {error}") from None
     for folder in folders:
+        manifest = shards.read(folder)
         for path in sorted((folder / RESULTS).glob("*.json")):
             if path.name in owner:
                 raise ValueError(f"--merge: {path.stem} is in two shards, {owner[path.name]} "
                                  f"and {folder}: each learner's lab belongs to one shard")
+            learner = path.stem.rsplit("--", 1)[0]
+            if manifest is not None and learner not in manifest["learners"]:
+                raise ValueError(f"--merge: {path} is a result of {learner}, who is not a "
+                                 f"learner of that shard ({manifest['shard']}/"
+                                 f"{manifest['of']}): it was not graded there")
             owner[path.name] = folder
+    theirs = {folder.resolve() for folder in folders}
+    if out.resolve() not in theirs:
+        stale = sorted(p.name for p in (out / RESULTS).glob("*.json") if p.name not in owner)
+        if stale:
+            raise ValueError(f"--merge: {out} already holds results that are in none of these "
+                             f"shards ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}"
+                             "): merge into a new folder")
     for name, folder in owner.items():
         _copy(folder / RESULTS / name, out / RESULTS / name)
     for folder in folders:  # each learner's notebooks as graded
@@ -238,8 +266,10 @@ def _html(results: list[dict], missing: list[str], not_on_roster: list[str]) -> 
     for r in results:
         passed = sum(g["verdict"] == "PASS" for g in r["grades"])
         late = (r.get("points") or {}).get("late", "")
-        notes = "; ".join([*([late] if late else []), *r.get("changed", []),
-                           *r.get("problems", [])][:3])
+        pending = (r.get("points") or {}).get("pending", [])
+        notes = "; ".join([*([late] if late else []),
+                           *([f"pending a GPU: {', '.join(pending)}"] if pending else []),
+                           *r.get("changed", []), *r.get("problems", [])][:3])
         parts.append(f"<tr><td><a href='#{esc(r['learner'])}--{esc(r['lab'])}'>"
                      f"{esc(r['learner'])}</a></td><td>{esc(r['lab'])}</td>"
                      f"<td class='num'>{passed} / {len(r['grades'])}</td>"

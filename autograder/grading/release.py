@@ -33,6 +33,9 @@ def release(root: Path, out: Path) -> list[Path]:
     not exist yet, or be empty). Returns the files written."""
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty: a release goes into a new folder")
+    if not any((root / "labs").glob("[0-9][0-9]_*.ipynb")) or not (root / "kernels").is_dir():
+        raise FileNotFoundError(f"{root.resolve()} is not the course's repository (no labs/ "
+                                "notebooks, or no kernels/): give --root")
     for name in AS_IS:
         source = root / name
         target = out / name

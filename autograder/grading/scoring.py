@@ -8,8 +8,12 @@ correctness alone (a right answer earns every point, and the gradebook says spee
 graded), ``predicted`` counts the fraction predicted from the traced memory traffic, a
 launch's fixed cost left out (at a CPU's small sizes it would outweigh everything else).
 
-A lab handed in after its deadline loses ``late_per_day`` of its points for each day or
-part of a day late, and earns at most ``late_cap`` of them, if given. A submission's time
+An exercise a CPU could only compile (NEEDS A GPU) keeps its worth and earns nothing
+until a GPU grades it: the lab's points name it as pending.
+
+A lab handed in after its deadline loses ``late_per_day`` of the points it earned for
+each day or part of a day late, and earns at most ``late_cap`` of its points possible, if
+given. A submission's time
 is the date of its notebook: in its zip, on its file, or in a manifest the instructor
 gives (``--submitted``), which is the only sound source for a git checkout.
 
@@ -165,7 +169,10 @@ def score(result: dict, lab_table: dict[str, Points], policy: Policy) -> dict:
             earned = min(earned, policy.late_cap * possible)
         late = (f"{days} day{'s' * (days > 1)} late (deadline {iso(deadline)}): "
                 f"{before:g} → {round(earned, 4):g} points")
+    # Worth their points, and earning none until a GPU decides them: said, not silent.
+    pending = [g["exercise"] for g in result["grades"] if g["verdict"] == "NEEDS A GPU"]
     result["points"] = {"earned": round(earned, 4), "possible": possible,
-                        "before_penalty": round(before, 4), "late_days": days, "late": late}
+                        "before_penalty": round(before, 4), "late_days": days, "late": late,
+                        "pending": pending}
     result["policy"] = policy.as_dict()
     return result

@@ -51,41 +51,53 @@ def class_digest(learners: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(set(learners))).encode()).hexdigest()[:16]
 
 
-def manifest(paths: list[Path], spec: str, finished: bool = False) -> dict:
+def manifest(paths: list[Path], spec: str, settings: dict, finished: bool = False) -> dict:
     """What shard ``spec`` of the class ``paths`` writes about itself: once as it starts,
-    and again, ``finished``, once every one of its learners is graded."""
+    and again, ``finished``, once every one of its learners is graded. ``settings``: what
+    every shard of one grading must share (the labs graded, the course's labs, the points
+    and deadlines), for the merge to compare."""
     index, count = parse(spec)
     class_ = sorted({learner_of(path) for path in paths})
     return {"shard": index, "of": count, "class": class_, "digest": class_digest(class_),
             "learners": sorted({learner_of(path) for path in share(paths, spec)}),
-            "finished": finished}
+            "settings": settings, "finished": finished}
 
 
-def write(folder: Path, paths: list[Path], spec: str, finished: bool = False) -> None:
+def write(folder: Path, paths: list[Path], spec: str, settings: dict,
+          finished: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / (MANIFEST + ".partial")
-    partial.write_text(json.dumps(manifest(paths, spec, finished), indent=1))
+    partial.write_text(json.dumps(manifest(paths, spec, settings, finished), indent=1))
     partial.replace(folder / MANIFEST)
+
+
+def read(folder: Path) -> dict | None:
+    """A shard folder's manifest; None where it has none."""
+    try:
+        return json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        raise ValueError(f"{folder / MANIFEST}: not a shard manifest ({error})") from None
 
 
 def check(folders: list[Path]) -> list[str]:
     """Raise ValueError unless the manifests in ``folders`` are the n shares of one class,
     each once; return the class (every learner the shards were given). Folders without a
     manifest (graded without ``--shard``) are not checked, and give no class: []."""
-    found: list[tuple[Path, dict]] = []
-    for folder in folders:
-        try:
-            found.append((folder, json.loads((folder / MANIFEST).read_text())))
-        except FileNotFoundError:
-            continue
-        except ValueError as error:
-            raise ValueError(f"{folder / MANIFEST}: not a shard manifest ({error})") from None
+    found = [(folder, entry) for folder in folders if (entry := read(folder)) is not None]
     if not found:
         return []
     if len(found) < len(folders):
         bare = [str(f) for f in folders if not (f / MANIFEST).exists()]
         raise ValueError(f"{', '.join(bare)}: no {MANIFEST}, where the other folders are "
                          "shards: merge the shards of one grading")
+    settings = {json.dumps(m.get("settings"), sort_keys=True) for _, m in found}
+    if len(settings) > 1:
+        raise ValueError("these shards were graded with different settings (labs, course, "
+                         "points or deadlines): "
+                         + "; ".join(f"{f}: {json.dumps(m.get('settings'), sort_keys=True)}"
+                                     for f, m in found) + ". Grade every shard alike")
     if len({m["of"] for _, m in found}) > 1 or len({m["digest"] for _, m in found}) > 1:
         raise ValueError("these shards are not of one grading: they split different classes "
                          "or into different numbers of shares ("

@@ -50,36 +50,42 @@ if [ -z "${SKIP_INSTALL:-}" ]; then
            "(/proc/sys read-only, as in a container?)" >&2
   fi
   # The course in an environment of its own, at the versions it was tested with. A cached
-  # environment is reused while neither the course's pyproject.toml nor its constraints
-  # changed.
+  # environment is reused while the course's pyproject.toml, its constraints and the
+  # Python that made it are unchanged, and that Python still runs.
   constraints="$COURSE/ci/templates/constraints.txt"
-  stamp=$(cat "$COURSE/pyproject.toml" "$constraints" | sha256sum | cut -c1-16)
-  if [ "$(cat "$VENV/.rooflab-stamp" 2>/dev/null)" != "$stamp" ]; then
+  base=$(command -v python3 || command -v python)
+  stamp=$({ cat "$COURSE/pyproject.toml" "$constraints"; "$base" -VV; } | sha256sum | cut -c1-16)
+  if [ "$(cat "$VENV/.rooflab-stamp" 2>/dev/null)" != "$stamp" ] ||
+     ! "$VENV/bin/python" -c "import rooflab" 2>/dev/null; then
     rm -rf "$VENV"
-    "$(command -v python3 || command -v python)" -m venv "$VENV"
-    # A CPU runner takes PyTorch's CPU build (200 MB, not several GB of CUDA).
-    if ! command -v nvidia-smi >/dev/null; then
+    "$base" -m venv "$VENV"
+    extras=lab
+    if command -v nvidia-smi >/dev/null; then
+      extras=lab,gpu  # CuPy: the CUDA C exercises run, not only compile
+    else
+      # A CPU runner takes PyTorch's CPU build (200 MB, not several GB of CUDA).
       "$VENV/bin/python" -m pip install -q -c "$constraints" torch \
         --index-url https://download.pytorch.org/whl/cpu
     fi
     # Editable: the cached environment holds the dependencies; the course is read from
     # its checkout, so an update to the course needs no new environment.
-    "$VENV/bin/python" -m pip install -q -c "$constraints" -e "$COURSE[lab]"
+    "$VENV/bin/python" -m pip install -q -c "$constraints" -e "$COURSE[$extras]"
     echo "$stamp" > "$VENV/.rooflab-stamp"
   fi
   PYTHON="$VENV/bin/python"
 fi
-# Grading needs the sandbox: say why it cannot run before grading anything. With
-# --unconfined in GRADE_ARGS, rooflab grades without it (and the gradebook says so).
+# Grading needs the sandbox: say why it cannot run before grading anything, trying the
+# very sandbox rooflab makes (its own pid namespace and /proc, which Docker's default
+# profiles refuse). With --unconfined in GRADE_ARGS, rooflab grades without it (and the
+# gradebook says so).
 if [[ " ${GRADE_ARGS:-} " != *" --unconfined "* ]]; then
-  if ! command -v bwrap >/dev/null; then
-    why="bubblewrap is not installed (apt-get install bubblewrap)"
-  elif ! why=$(sandbox_runs 2>&1); then
-    why="bubblewrap cannot make its namespaces here: ${why:-no message}"
-  fi
+  why=$("$PYTHON" -c 'from rooflab.autograder.confine import why_unavailable
+print(why_unavailable())' 2>&1) || why="rooflab could not be imported: $why"
   if [ -n "$why" ]; then
     echo "grade.sh: $why" >&2
-    echo "grade.sh: grading runs each notebook in bubblewrap and needs it. Without it, the" \
+    echo "grade.sh: grading runs each notebook in bubblewrap and needs it. In a Docker" \
+         "container, run it with --security-opt seccomp=unconfined --security-opt" \
+         "apparmor=unconfined --security-opt systempaths=unconfined. Without it, the" \
          "notebooks may run unconfined, with this runner's rights: set" \
          "GRADE_ARGS=--unconfined, which rooflab allows only where the course was" \
          "installed from a release." >&2
