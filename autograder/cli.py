@@ -312,8 +312,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
     results = gradebook.load_results(out)
     pending = sum(len((r.get("points") or {}).get("pending", [])) for r in results)
     if pending:
+        its = "their" if pending > 1 else "its"
         print(f"rooflab grade: {pending} exercise{'s' * (pending > 1)} NEEDS A GPU: compiled "
-              "only, worth their points and earning none until graded on a GPU (the same "
+              f"only, worth {its} points and earning none until graded on a GPU (the same "
               "command with --resume there)", file=sys.stderr)
     if roster is not None:
         missing, strangers = gradebook.against_roster(results, roster)
