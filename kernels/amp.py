@@ -422,3 +422,81 @@ def scale_from_amax(amax: torch.Tensor, margin: int = 0) -> torch.Tensor:
     scale = E4M3_MAX / amax / 2.0**margin
     usable = torch.isfinite(amax) & (amax > 0)
     return torch.where(usable, scale, torch.ones_like(scale))
+
+
+# %% 6. A block-scaled FP8 matmul ---------------------------------------------------------
+
+# DeepSeek-V3's recipe: one scale per 1 × 128 block of the activations (a row's stretch of
+# K) and one per 128 × 128 block of the weights, so an outlier spoils 128 values, not a
+# tensor. The scales dequantise: the value is the fp8 number times its block's scale.
+SCALE_BLOCK = 128
+
+
+def quantize_blockwise(x: torch.Tensor, rows: int, cols: int = SCALE_BLOCK
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (2-D, floating) in fp8 e4m3 with one scale per ``rows`` × ``cols`` block:
+    (q, scales), x ≈ q · scale of its block, each block's amax mapped to 448. Host code,
+    to make a block-scaled matmul's inputs."""
+    m, n = x.shape
+    blocks = x.float().new_zeros(triton.cdiv(m, rows) * rows, triton.cdiv(n, cols) * cols)
+    blocks[:m, :n] = x.float()
+    tiles = blocks.view(blocks.shape[0] // rows, rows, blocks.shape[1] // cols, cols)
+    amax = tiles.abs().amax(dim=(1, 3)).clamp_min(1e-30)
+    scales = amax / E4M3_MAX
+    q = (tiles / scales[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).view_as(blocks)
+    return q[:m, :n].to(torch.float8_e4m3fn), scales
+
+
+@triton.jit
+def fp8_block_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N, K,
+                            stride_am, stride_ak, stride_bk, stride_bn, stride_sam, stride_sak,
+                            stride_sbk, stride_sbn, stride_cm, stride_cn,
+                            SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    """One BLOCK_M × BLOCK_N tile of C = Σ over K blocks of (A_q · B_q over the block) ×
+    the block's scales. BLOCK_N divides SCALE_BLOCK: one weight scale per K block."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, SCALE_BLOCK)
+    weight_column = (pid_n * BLOCK_N) // SCALE_BLOCK
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, SCALE_BLOCK)):
+        k = kb * SCALE_BLOCK + rk
+        a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        ### BEGIN SOLUTION
+        # fp8 × fp8 on the tensor cores, summed in fp32 over this K block only: the
+        # scales differ from one block to the next, so each block's sum is scaled apart
+        # before it joins the others (and the tensor cores' partial sums, less precise
+        # than fp32 on an H100, never run longer than a block).
+        a_scale = tl.load(a_scale_ptr + rm * stride_sam + kb * stride_sak, mask=rm < M,
+                          other=0.0)
+        b_scale = tl.load(b_scale_ptr + kb * stride_sbk + weight_column * stride_sbn)
+        ### KEY
+        partial = tl.dot(a, b, out_dtype=tl.float32)
+        acc += partial * a_scale[:, None] * b_scale
+        ### END KEY
+        ### END SOLUTION
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def fp8_block_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
+                     b_scale: torch.Tensor) -> torch.Tensor:
+    """C (fp32, M × N) = A · B for block-scaled fp8 operands: ``a`` (M × K, e4m3) with
+    ``a_scale`` (M × ceil(K/128), one per 1 × 128 block), ``b`` (K × N, e4m3, any strides)
+    with ``b_scale`` (ceil(K/128) × ceil(N/128), one per 128 × 128 block); A's value is
+    a · its block's scale, and so is B's."""
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty((m, n), dtype=torch.float32, device=a.device)
+    block_m, block_n = (32, 64) if interpreter_enabled() else (64, 128)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    fp8_block_matmul_kernel[grid](
+        a, a_scale, b, b_scale, c, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+        b.stride(1), a_scale.stride(0), a_scale.stride(1), b_scale.stride(0),
+        b_scale.stride(1), c.stride(0), c.stride(1), SCALE_BLOCK=SCALE_BLOCK,
+        BLOCK_M=block_m, BLOCK_N=block_n)
+    return c

@@ -1,6 +1,6 @@
 """Lab 07 — mixed precision. Rounding to bf16 on the bits, what fp16 does to a gradient,
 dynamic loss scaling, a training step under autocast, a fused AdamW step on fp32 master
-weights, and fp8 quantisation with a per-tensor scale.
+weights, fp8 quantisation with a per-tensor scale, and a block-scaled fp8 matmul.
 
 Conversions are graded bit for bit against PyTorch's own (``x.to(torch.bfloat16)``,
 ``x.to(torch.float8_e4m3fn)`` of the scaled and saturated input), except that any NaN
@@ -15,7 +15,8 @@ The lab's problems, in the order the lab takes them:
 * ``scaling.py``: ``amp/loss_scaler`` and ``amp/train_step``;
 * ``adamw.py``: ``amp/fused_adamw``;
 * ``fp8.py``: ``amp/fp8_quantize``;
+* ``fp8_gemm.py``: ``amp/fp8_block_gemm``, the block-scaled fp8 matmul;
 * ``common.py``: what they share.
 """
 
-from . import adamw, formats, fp8, scaling  # noqa: F401  (importing each registers its problems)
+from . import adamw, formats, fp8, fp8_gemm, scaling  # noqa: F401  (importing each registers its problems)
