@@ -13,6 +13,7 @@ def test_the_workloads_build_without_allocating_at_the_goal_sizes():
     loads = {load.shape: load for load in bench_amp.amp_workloads("cpu")}
     n = 1 << 30
     assert set(loads) == {f"adamw n={n} fp16 grads", f"fp8 n={n}",
+                          "fp8 gemm m=4096 n=4096 k=4096", "fp8 gemm m=8192 n=7168 k=2048",
                           "train mlp 1024-4096x8-1024 batch 8192"}
     adamw = loads[f"adamw n={n} fp16 grads"]
     assert adamw.cost.bytes == 28 * n  # 12 read + 2 gradient, 12 written + 2 copy

@@ -143,3 +143,29 @@ def test_verdicts_do_not_depend_on_the_seed(tmp_path, seed):
     summed = _mutant(tmp_path, *SLIPS["summed first"][0])
     result = grade(spec, summed.fp8_block_matmul, seed=seed)
     assert not result.passed and "one scale for the whole sum" in result.causes[0]
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+
+
+def test_the_bench_workloads_compute_one_product_and_are_placed_on_the_fp8_roof():
+    from rooflab.autograder.bench import amp as bench_amp
+    from rooflab.autograder.device import roofline
+
+    loads = [w for w in bench_amp.amp_workloads("cpu") if w.shape.startswith("fp8 gemm")]
+    assert len(loads) == len(bench_amp.FP8_GEMMS)
+    assert all(w.cost.dtype == "fp8" and len(w.kernels) == 3 for w in loads)
+    # Small enough for the interpreter: the course's kernel and the bf16 baseline agree on
+    # the bench's own inputs (torch._scaled_mm needs a GPU).
+    inputs = bench_amp.fp8_gemm_inputs(64, 128, 256, "cpu")
+    ours, base = bench_amp.rooflab_fp8_gemm(*inputs), bench_amp.torch_bf16_gemm(*inputs)
+    assert float((ours - base).norm() / base.norm()) < 1e-2
+    # Measured ceilings have no fp8 figure: the datasheet's stands in, and is named.
+    measured = roofline.Ceilings(device="NVIDIA H100 80GB HBM3", source="measured",
+                                 bandwidth=3.0e12, flops={"bf16": 700e12})
+    assert roofline.compute_peak(measured, "fp8") == pytest.approx(1978.9e12)
+    assert "datasheet's fp8 peak" in roofline.borrowed(measured, "fp8")
+    assert roofline.borrowed(measured, "bf16") == ""
+    with pytest.raises(KeyError):
+        roofline.compute_peak(roofline.Ceilings(device="a card of no datasheet",
+                                                source="measured", bandwidth=1e12), "fp8")

@@ -113,9 +113,12 @@ def _settle(timed: list[_Timed], ceilings: roofline.Ceilings, l2_bytes: int) -> 
         floor = roofline.time_floor(entry.cost, ceilings)
         row.roofline_fraction, row.bound = floor.seconds / seconds, floor.bound
         row.throughput, row.unit = _throughput(entry.cost, seconds, floor)
-        row.note = roofline.fraction_note(row.roofline_fraction, entry.cost, seconds, ceilings,
-                                          raised=entry.raised, l2_bytes=l2_bytes,
-                                          method=row.method)
+        notes = [roofline.borrowed(ceilings, entry.cost.dtype) if floor.bound == "compute"
+                 else "",
+                 roofline.fraction_note(row.roofline_fraction, entry.cost, seconds, ceilings,
+                                        raised=entry.raised, l2_bytes=l2_bytes,
+                                        method=row.method)]
+        row.note = "; ".join(note for note in notes if note)
 
 
 def run(name: str) -> list[Row]:

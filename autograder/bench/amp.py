@@ -9,6 +9,10 @@ baseline) and the goal the lab states:
 * fp8 quantisation of 2**30 bf16 values: x.abs().max() and the scaled, saturated
   .to(float8_e4m3fn) against fp8_quantize (one read, the scale of an earlier step's amax).
   Goal: at least 85% of the copy roof;
+* a block-scaled fp8 matmul (4096³, and 8192 × 7168 × 2048): the course's kernel against
+  the same product in bf16 and against ``torch._scaled_mm`` with one scale per tensor
+  (every block's scale is the same here, so all three compute one product). Its roofline
+  is the card's fp8 peak, from the datasheet: ``rooflab roofline`` measures none;
 * a training step of the lab's MLP (1024 → 8 × 4096 → 1024, a batch of 8192) in fp32 with
   TF32 off, in bf16 autocast, and in fp16 autocast with GradScaler. Goal: bf16 at least
   twice as fast as fp32; both are reported.
@@ -27,7 +31,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..problem import Cost
-from .workload import Workload
+from .workload import NotAvailable, Workload
 
 PARAMS = 1 << 30  # about a billion parameters (or values)
 LR = 1e-5
@@ -179,6 +183,55 @@ def training_cost(d_in: int = MLP["d_in"], width: int = MLP["width"], depth: int
     return Cost(6 * params * batch, 16 * params + 4 * batch * (d_in + 1), "bf16")
 
 
+# --- the block-scaled fp8 matmul --------------------------------------------------------------
+
+FP8_GEMMS = [(4096, 4096, 4096), (8192, 7168, 2048)]  # M, N, K: square, and a wide weight
+
+
+def fp8_gemm_inputs(m: int, n: int, k: int, device: str) -> tuple:
+    """fp8 activations (M × K) and weights stored N × K, as a Linear keeps them, each with
+    its block scales; the same scale in every block, so the library's matmul with one scale
+    per tensor computes the same product and the timings compare like with like."""
+    from rooflab.kernels.amp import SCALE_BLOCK
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, generator=generator, device=device).clamp(-4, 4) * 100
+    w = torch.randn(n, k, generator=generator, device=device).clamp(-4, 4) * 100
+    a_q, w_q = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    blocks = -(-k // SCALE_BLOCK)
+    a_scale = torch.full((m, blocks), 1 / 64, device=device)
+    b_scale = torch.full((blocks, -(-n // SCALE_BLOCK)), 1 / 64, device=device)
+    return a_q, a_scale, w_q.t(), b_scale
+
+
+def torch_bf16_gemm(a_q, a_scale, b_q, b_scale) -> torch.Tensor:
+    """The same product in bf16, from dequantised operands: what fp8 is meant to beat."""
+    a = a_q.to(torch.bfloat16) * a_scale[0, 0].to(torch.bfloat16)
+    b = b_q.to(torch.bfloat16) * b_scale[0, 0].to(torch.bfloat16)
+    return (a @ b).float()
+
+
+def torch_scaled_mm(a_q, a_scale, b_q, b_scale) -> torch.Tensor:
+    """PyTorch's fp8 matmul with one scale per tensor (cuBLASLt): the speed a block-scaled
+    kernel aims for."""
+    if not hasattr(torch, "_scaled_mm"):
+        raise NotAvailable("this torch has no torch._scaled_mm")
+    one = torch.ones((), device=a_q.device)
+    return torch._scaled_mm(a_q, b_q, scale_a=one * a_scale[0, 0], scale_b=one * b_scale[0, 0],
+                            out_dtype=torch.bfloat16).float()
+
+
+def rooflab_fp8_gemm(a_q, a_scale, b_q, b_scale) -> torch.Tensor:
+    from rooflab.kernels.amp import fp8_block_matmul
+
+    return fp8_block_matmul(a_q, a_scale, b_q, b_scale)
+
+
+def fp8_gemm_cost(m: int, n: int, k: int) -> Cost:
+    scales = 4 * (m * -(-k // 128) + -(-k // 128) * -(-n // 128))
+    return Cost(2.0 * m * n * k, m * k + n * k + scales + 4 * m * n, "fp8")
+
+
 # --- the workloads ----------------------------------------------------------------------------
 
 
@@ -196,6 +249,15 @@ def amp_workloads(device: str) -> list[Workload]:
                  {"torch abs().max() + scaled .to(float8_e4m3fn)": torch_fp8,
                   "rooflab fp8_quantize (delayed scale, one read)": rooflab_fp8},
                  torch_fp8),
+        *(Workload(f"fp8 gemm m={m} n={n} k={k}", torch.float8_e4m3fn,
+                   fp8_gemm_cost(m, n, k), lambda m=m, n=n, k=k: fp8_gemm_inputs(m, n, k, device),
+                   {"torch bf16 matmul (dequantised)": torch_bf16_gemm,
+                    "torch._scaled_mm (one scale per tensor)": torch_scaled_mm,
+                    "rooflab fp8_block_matmul (1x128, 128x128 scales)": rooflab_fp8_gemm},
+                   torch_bf16_gemm,
+                   library=("torch bf16 matmul (dequantised)",
+                            "torch._scaled_mm (one scale per tensor)"))
+          for m, n, k in FP8_GEMMS),
         Workload("train mlp {d_in}-{width}x{depth}-{d_out} batch {batch}".format(**MLP),
                  torch.float32, training_cost(), lambda: training_inputs(device),
                  {"fp32 (TF32 off)": training_step(torch.float32),

@@ -186,9 +186,31 @@ class Floor:
 
 
 def time_floor(cost: Cost, ceilings: Ceilings) -> Floor:
-    compute_s = cost.flops / ceilings.peak_flops(cost.dtype) if cost.flops else 0.0
+    compute_s = cost.flops / compute_peak(ceilings, cost.dtype) if cost.flops else 0.0
     memory_s = cost.bytes / ceilings.bandwidth
     return Floor(max(compute_s, memory_s), compute_s, memory_s)
+
+
+def compute_peak(ceilings: Ceilings, dtype: str) -> float:
+    """The peak FLOP/s for ``dtype``: measured where it was; else, for a dtype the
+    measurement does not cover (fp8), the datasheet's for this card (``borrowed`` says
+    so). KeyError where neither has it."""
+    if dtype in ceilings.flops:
+        return ceilings.flops[dtype]
+    card = datasheet.lookup(ceilings.device) if ceilings.source == "measured" else None
+    sheet = from_datasheet(card) if card else None
+    if sheet is not None and dtype in sheet.flops:
+        return sheet.flops[dtype]
+    return ceilings.peak_flops(dtype)  # raises, naming what is missing
+
+
+def borrowed(ceilings: Ceilings, dtype: str) -> str:
+    """Where the peak for ``dtype`` is the datasheet's though the rest were measured, the
+    words that say so; "" otherwise."""
+    if ceilings.source != "measured" or dtype in ceilings.flops:
+        return ""
+    return (f"against the datasheet's {dtype} peak: `rooflab roofline` measures no {dtype} "
+            "ceiling")
 
 
 def roofline_fraction(floor: Floor, measured_s: float) -> float:
