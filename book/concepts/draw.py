@@ -327,6 +327,48 @@ def sharding() -> go.Figure:
     return fig
 
 
+def parallelism() -> go.Figure:
+    """Lab 09's counting carried on: per GPU, the memory and the bytes sent a step of data,
+    fully sharded data, tensor, and tensor with sequence parallelism, 8 GPUs, one model."""
+    h, layers, seq, gpus, sequences = 4096, 32, 4096, 8, 8  # one sequence a micro-batch
+    params = 12 * h * h * layers  # attention 4h², MLP 8h², each layer
+    sbh = seq * h
+    ring = (gpus - 1) / gpus  # what a ring collective sends from each GPU, per byte
+    # Korthikanti et al. (2022): bytes of 16-bit activations a layer, the attention
+    # scores not stored (FlashAttention): 34·sbh; tensor parallel over t splits all but
+    # 10·sbh; with sequence parallelism, all of it.
+    strategies = {
+        "data (DP)": (16 * params, 34 * sbh * layers, ring * 2 * 2 * params),
+        "fully sharded (FSDP)": (16 * params / gpus, 34 * sbh * layers,
+                                 3 * ring * 2 * params),
+        # 4 all-reduces a layer (2 forward, 2 backward) of a sequence's 2·sbh bytes, each
+        # 2·(t − 1)/t of it sent (a reduce-scatter, then an all-gather), every sequence.
+        "tensor (TP)": (16 * params / gpus, (10 + 24 / gpus) * sbh * layers,
+                        sequences * layers * 4 * 2 * ring * 2 * sbh),
+        "tensor + sequence (TP+SP)": (16 * params / gpus, 34 / gpus * sbh * layers,
+                                      sequences * layers * 4 * 2 * ring * 2 * sbh),
+    }
+    names = list(strategies)
+    gb = [[value / 1e9 for value in strategies[name]] for name in names]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                        subplot_titles=("memory a GPU holds (GB)",
+                                        "bytes a GPU sends a step (GB)"))
+    fig.add_bar(x=names, y=[g[0] for g in gb], name="weights, gradients, optimizer (16Ψ/N)",
+                marker_color="#2e86c1", row=1, col=1)
+    fig.add_bar(x=names, y=[g[1] for g in gb], name="activations of one sequence",
+                marker_color="#f39c12", row=1, col=1)
+    fig.add_hline(y=80, line_dash="dot", line_color="firebrick", row=1, col=1,
+                  annotation_text="an H100's 80 GB", annotation_position="top right")
+    fig.add_bar(x=names, y=[g[2] for g in gb], name="sent (all-reduce, all-gather, "
+                "reduce-scatter)", marker_color="#7d3c98", text=[f"{g[2]:.0f}" for g in gb],
+                textposition="outside", row=1, col=2)
+    fig.update_layout(title=f"A {params / 1e9:.1f}B-parameter transformer (h {h}, {layers} "
+                            f"layers) on {gpus} GPUs,<br>a step of {sequences} sequences of "
+                            f"{seq} tokens", barmode="stack", height=480,
+                      legend={"orientation": "h", "y": -0.35}, margin={**MARGIN, "t": 115})
+    return fig
+
+
 PICTURES: dict[str, Callable[[], go.Figure]] = {
     "coalescing": coalescing,
     "tiling": tiling,
@@ -337,6 +379,7 @@ PICTURES: dict[str, Callable[[], go.Figure]] = {
     "mixed-precision": mixed_precision,
     "collectives": collectives,
     "sharding": sharding,
+    "parallelism": parallelism,
 }
 
 
