@@ -379,9 +379,10 @@ def _submitted(path: str | None) -> dict:
 def _required(results: list[dict]) -> int:
     """``--require-pass``: EXIT_FAIL when an exercise failed or is not written yet. NEEDS A
     GPU fails nothing: a CPU job cannot run it, and a GPU job decides it."""
+    from .grading.gradebook import FAILED
+
     failed = [f"{r['learner']} {g['exercise']}: {g['verdict']}"
-              for r in results for g in r["grades"] if g["verdict"] in ("FAIL",
-                                                                        "NOT IMPLEMENTED")]
+              for r in results for g in r["grades"] if g["verdict"] in FAILED]
     pending = [f"{r['learner']} {g['exercise']}" for r in results for g in r["grades"]
                if g["verdict"] == "NEEDS A GPU"]
     for line in failed:
