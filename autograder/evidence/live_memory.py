@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import gc
 import sys
+import sysconfig
+import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,12 +44,14 @@ class Held:
 def _tensor_range(tensor: torch.Tensor) -> tuple[str, int, int] | None:
     try:
         storage = tensor.untyped_storage()
+        size = storage.nbytes()
+        if size == 0 or tensor.device.type == "meta":
+            return None
+        # A storage torch has already invalidated (a tensor of a finished graph's
+        # internals) refuses its data pointer: it holds nothing.
+        return str(tensor.device), storage.data_ptr(), size
     except (RuntimeError, NotImplementedError):  # sparse, or a wrapper without storage
         return None
-    size = storage.nbytes()
-    if size == 0 or tensor.device.type == "meta":
-        return None
-    return str(tensor.device), storage.data_ptr(), size
 
 
 def _array_range(array: np.ndarray) -> tuple[str, int, int] | None:
@@ -135,3 +140,73 @@ def live(device: str | torch.device = "cpu") -> Held:
             total += stop - end
             end = stop
     return Held(total, buffers, gc.get_freeze_count())
+
+
+# --- what a candidate made, found from the grader's side ---------------------------------------
+
+def freeze() -> list:
+    """Hand every object alive now to the garbage collector's permanent generation, which
+    ``live`` does not walk: torch, the harness and the inputs are the grader's, and a
+    walk of the objects made since costs milliseconds where one of a whole rank (torch
+    and its compiler loaded: 300,000 objects) costs most of a second. (Freezing splices
+    lists: it touches no object, so no page the rank shares with its launcher.)
+
+    Returns a sentinel made just after: should the learner's code freeze objects too,
+    hiding what it made from ``live``, the sentinel is frozen with them and is no longer
+    among the objects the collector lists (``refrozen``). Thawing them instead
+    shows the grader's objects to ``live`` as the learner's: its own loss."""
+    gc.freeze()
+    return []
+
+
+def refrozen(sentinel: list) -> bool:
+    """Whether objects were frozen since ``freeze`` made ``sentinel``."""
+    return not any(obj is sentinel for obj in gc.get_objects())
+
+
+_INSTALLED = tuple(str(Path(p).resolve()) for key in ("stdlib", "platstdlib", "purelib",
+                                                       "platlib")
+                   if (p := sysconfig.get_paths().get(key)))
+
+
+def _library(obj: object) -> bool:
+    """A module, class or function of an installed package or of the grader: none of the
+    learner's memory is in there."""
+    if isinstance(obj, types.ModuleType):
+        name = obj.__name__
+    elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+        name = getattr(obj, "__module__", None) or "builtins"
+    else:
+        return False
+    if name.startswith("rooflab.autograder"):
+        return True
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    return module is not None and (file is None or str(Path(file).resolve()).startswith(
+        _INSTALLED))
+
+
+def reachable_buffers(*roots: object) -> list[object]:
+    """The tensors (aliased), arrays and byte strings reachable from ``roots`` (the
+    learner's function, a module it changed) through anything but installed libraries:
+    a function's globals, closure, defaults, module, and the classes, instances and
+    containers in them. Those made before
+    ``freeze`` (its globals travel to the ranks with it, and are made there before the
+    grader's loop begins) are counted only through these: a list made now that holds
+    them is what ``live`` walks. (No limit on the walk: a learner who makes it long
+    spends the case's own time.) Not seen: an array or byte string made since and held
+    only by an object made before that the function does not reach (a dict of torch's)."""
+    found, seen, todo = [], set(), list(roots)
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or _library(obj):
+            continue
+        seen.add(id(obj))
+        kind = type(obj)
+        if issubclass(kind, torch.Tensor):
+            found.append(obj.detach())
+        elif issubclass(kind, (np.ndarray, bytes, bytearray)):
+            found.append(obj)
+        else:
+            todo += gc.get_referents(obj)
+    return found

@@ -34,24 +34,18 @@ drawn from the seed.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
-import sys
-import sysconfig
-import types
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..device import one_cpu_thread
 from ..evidence.compare import CaseResult, Comparison
-from ..evidence.live_memory import live
+from ..evidence.live_memory import freeze, live, reachable_buffers, refrozen
 from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
@@ -132,80 +126,14 @@ def _shards_wrong(shards: object, sizes: list[int], world: int) -> str:
     return ""
 
 
-def _freeze() -> list:
-    """Hand every object alive now to the garbage collector's permanent generation, which
-    ``live`` does not walk: torch, the harness and the inputs are the grader's, and a
-    walk of the objects made since costs milliseconds where one of a whole rank (torch
-    and its compiler loaded: 300,000 objects) costs most of a second. (Freezing splices
-    lists: it touches no object, so no page the rank shares with its launcher.)
-
-    Returns a sentinel made just after: should the learner's code freeze objects too,
-    hiding what it made from ``live``, the sentinel is frozen with them and is no longer
-    among the objects the collector lists (``_frozen_again``). Thawing them instead
-    shows the grader's objects to ``live`` as the learner's: its own loss."""
-    gc.freeze()
-    return []
-
-
-def _frozen_again(sentinel: list) -> bool:
-    return not any(obj is sentinel for obj in gc.get_objects())
-
-
-_INSTALLED = tuple(str(Path(p).resolve()) for key in ("stdlib", "platstdlib", "purelib",
-                                                       "platlib")
-                   if (p := sysconfig.get_paths().get(key)))
-
-
-def _library(obj: object) -> bool:
-    """A module, class or function of an installed package or of the grader: none of the
-    learner's memory is in there."""
-    if isinstance(obj, types.ModuleType):
-        name = obj.__name__
-    elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-        name = getattr(obj, "__module__", None) or "builtins"
-    else:
-        return False
-    if name.startswith("rooflab.autograder"):
-        return True
-    module = sys.modules.get(name)
-    file = getattr(module, "__file__", None)
-    return module is not None and (file is None or str(Path(file).resolve()).startswith(
-        _INSTALLED))
-
-
-def _learners_buffers(candidate: object) -> list[object]:
-    """The tensors (aliased), arrays and byte strings reachable from the learner's
-    function through anything but installed libraries: its globals, closure, defaults,
-    module, and the classes, instances and containers in them. Those made before
-    ``_freeze`` (its globals travel to the ranks with it, and are made there before the
-    grader's loop begins) are counted only through these: a list made now that holds
-    them is what ``live`` walks. (No limit on the walk: a learner who makes it long
-    spends the case's own time.) Not seen: an array or byte string made since and held
-    only by an object made before that the function does not reach (a dict of torch's)."""
-    found, seen, todo = [], set(), [candidate]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or _library(obj):
-            continue
-        seen.add(id(obj))
-        kind = type(obj)
-        if issubclass(kind, torch.Tensor):
-            found.append(obj.detach())
-        elif issubclass(kind, (np.ndarray, bytes, bytearray)):
-            found.append(obj)
-        else:
-            todo += gc.get_referents(obj)
-    return found
-
-
 def _account(candidate: object, sentinel: list, when: str) -> None:
     """Note in the rank's log the bytes of every storage and buffer alive that the grader
     did not hold before the learner's sharding ran: what the sharding keeps, and the
     optimizer's state."""
-    if _frozen_again(sentinel):
+    if refrozen(sentinel):
         record.mark("memory", when=when, frozen=True)
         return
-    record.mark("memory", when=when, held=_live_with(_learners_buffers(candidate)))
+    record.mark("memory", when=when, held=_live_with(reachable_buffers(candidate)))
 
 
 def _live_with(reachable: list[object]) -> int:
@@ -258,7 +186,7 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     before the first step and after each."""
     from rooflab.kernels.fsdp import loss_fn
 
-    sentinel = _freeze()
+    sentinel = freeze()
     dim, heads, layers, seed, prefetch = setup
     model = make_model(dim, heads, layers, seed)
     sizes = block_sizes(model)

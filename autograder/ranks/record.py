@@ -25,7 +25,10 @@ the right sizes that carry nothing fail, however the answer got to the ranks. An
 the candidate runs (``watch``), so is every way around the functions above that Python
 can see: a process group or a store it builds itself, and a group's own methods called
 directly. Every public function of torch.distributed is recorded but those listed as
-``SILENT``, so one that a new torch adds is recorded until it is classified.
+``SILENT``, so one that a new torch adds is recorded until it is classified. So are the
+functional collectives that DTensor issues (``FUNCTIONAL``), under the name of the
+collective each one is: a tensor-parallel plan of PyTorch's is graded on its calls as a
+learner's is.
 """
 
 from __future__ import annotations
@@ -109,6 +112,27 @@ SILENT_METHODS = frozenset({
     "supports_tensor_alloc", "supports_time_estimate", "suspend", "unbox",
     "use_pg_for_symm_mem_rendezvous",
 })
+# torch.distributed._functional_collectives ("funcol"), the collectives DTensor and
+# torch.compile issue, by the name of the torch.distributed collective each one is: they
+# reach the process group in C++, past every function above.
+FUNCTIONAL = {
+    "all_reduce": "all_reduce", "all_reduce_inplace": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_tensor": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_gather_tensor_autograd": "all_gather_into_tensor",
+    "all_gather_inplace": "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd": "reduce_scatter_tensor",
+    "reduce_scatter_inplace": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single", "all_to_all_single_autograd": "all_to_all_single",
+    "all_to_all_inplace": "all_to_all_single", "broadcast": "broadcast",
+    "permute_tensor": "permute_tensor",
+}
+FUNCTIONAL_VIA = "functional"
 # torch.distributed.distributed_c10d's own ways to a new group, from its default store.
 INTERNALS = ("_get_default_store", "_new_group_with_tag", "_new_process_group_helper")
 # A store's methods that carry data between processes.
@@ -409,6 +433,41 @@ def _collective(name: str, original):
     return wrapper
 
 
+def _functional(name: str, original):
+    """A functional collective (``funcol.all_reduce(tensor, "sum", group)``), recorded as
+    the torch.distributed collective it is. It returns at once with a tensor that waits
+    for its data when first used: recorded as a call that ended there."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _depth():
+            return original(*args, **kwargs)
+        try:
+            given = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return original(*args, **kwargs)
+        tensors = next((given[key] for key in ("self", "inputs", "input", "tensor")
+                        if key in given), None)
+        seq = _begin(FUNCTIONAL[name], tensors, None, blocking=True, via=FUNCTIONAL_VIA)
+        result = _inner(original, *args, **kwargs)
+        emit({"e": "done", "seq": seq, "t": time.monotonic()})
+        return result
+
+    return wrapper
+
+
+def _install_functional() -> None:
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:  # a torch without them: nothing to go around
+        return
+    for name in FUNCTIONAL:
+        original = getattr(funcol, name, None)
+        if callable(original):
+            setattr(funcol, name, _functional(name, original))
+
+
 def _batch(original):
     @functools.wraps(original)
     def wrapper(p2p_op_list):
@@ -525,7 +584,8 @@ def install() -> None:
     but the ``SILENT``, under both names where it has two, ``torch.distributed.send`` and
     ``torch.distributed.distributed_c10d.send`` (torch's own helpers, ``P2POp`` and
     ``send``, look them up in the latter), or its own module's; and the ways around them
-    (``_install_methods``)."""
+    (``_install_methods``), and the functional collectives DTensor uses
+    (``_install_functional``)."""
     global _installed
     if _installed:
         return
@@ -542,6 +602,7 @@ def install() -> None:
             if getattr(module, name, None) is original:
                 setattr(module, name, wrapped)
     _install_methods()
+    _install_functional()
     _installed = True
 
 
