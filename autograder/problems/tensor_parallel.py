@@ -152,22 +152,47 @@ def run(candidate, setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> torch.T
         record.mark("invalid", why=f"the block has no {missing[0]}.weight after the split: "
                     "keep each layer where it was, with its slice as .weight")
         return torch.empty(0)
-    record.mark("weights", shapes={name: list(_local(w).shape) for name, w in weights.items()},
-                held=_bytes(reachable_buffers(block, candidate)))
+    wrong = _shape_cause(weights, dim, world)
+    if wrong:
+        record.mark("invalid", why=wrong)
+        return torch.empty(0)
+    record.mark("weights", held=_bytes(reachable_buffers(block, candidate)))
     if sequence:
         share = x.shape[1] // world
         x, grad = (t[:, rank * share:(rank + 1) * share].contiguous() for t in (x, grad))
     x = x.clone().requires_grad_()
     before = live("cpu").bytes
     record.mark("forward")
-    output = block(x)
-    record.mark("backward", activations=live("cpu").bytes - before)
-    _local(output).backward(grad)
+    try:
+        output = block(x)
+        record.mark("backward", activations=live("cpu").bytes - before)
+        _local(output).backward(grad)
+    except Exception as error:  # noqa: BLE001 (judged with the calls that led to it)
+        record.mark("raised", error=f"{type(error).__name__}: {str(error)[:300]}")
+        return torch.empty(0)
     record.mark("after", frozen=refrozen(sentinel))
     parts = [_local(output), x.grad, *(_local(weights[name].grad) for name in SPLITS),
              *(_local(_parameter(block, name).grad) for name in NORMS)]
     record.mark("returned", sizes=[-1 if p is None else p.numel() for p in parts])
     return torch.cat([p.detach().reshape(-1).double() for p in parts if p is not None])
+
+
+def full_shapes(dim: int) -> dict[str, tuple[int, int]]:
+    """Each split layer's whole weight, (out, in)."""
+    return {"attention.q": (dim, dim), "attention.k": (dim, dim), "attention.v": (dim, dim),
+            "attention.out": (dim, dim), "mlp.up": (4 * dim, dim), "mlp.down": (dim, 4 * dim)}
+
+
+def _shape_cause(weights: dict[str, torch.Tensor], dim: int, world: int) -> str:
+    for name, (rows, columns) in full_shapes(dim).items():
+        split = SPLITS[name]
+        want = [rows // world, columns] if split == "column" else [rows, columns // world]
+        got = list(_local(weights[name]).shape)
+        if got != want:
+            way = "output features (rows)" if split == "column" else "input features (columns)"
+            return (f"{name}.weight is {got}; split by its {way} over {world} ranks it is "
+                    f"{want}")
+    return ""
 
 
 def _parameter(block: torch.nn.Module, name: str) -> torch.Tensor:
@@ -303,8 +328,10 @@ def _listed(calls: list[Call]) -> str:
                      for op, count in counts.items()) or "nothing"
 
 
-def calls_cause(case: Case, log: RankLog, sequence: bool) -> str:
-    """Why rank ``log.rank``'s forward and backward calls are not Megatron's, or ""."""
+def calls_cause(case: Case, log: RankLog, sequence: bool, forbidden_only: bool = False) -> str:
+    """Why rank ``log.rank``'s forward and backward calls are not Megatron's, or "". With
+    ``forbidden_only``, only a call the contract does not allow at all (the calls of a
+    run cut short by an error)."""
     n, dim = world_size(case), case.sizes["dim"]
     whole = BATCH * case.sizes["length"] * dim
     forward = _phase(log, "forward", "backward")
@@ -319,6 +346,8 @@ def calls_cause(case: Case, log: RankLog, sequence: bool) -> str:
             if others:
                 return (f"{where}'s {phase} called {_listed(others)} (the first: "
                         f"{others[0].describe()}): {contract}, nothing else")
+            if forbidden_only:
+                continue
             if len(reduces) != 2:
                 return (f"{where}'s {phase} made {len(reduces)} all-reduces, not 2: "
                         + ("q, k and v read one input: one f for the three, where the "
@@ -350,6 +379,8 @@ def calls_cause(case: Case, log: RankLog, sequence: bool) -> str:
                     f"{extra[0].describe()}): {contract}"
                     + (", and backward may all-reduce the LayerNorms' gradients "
                        f"({norms:,} elements)" if phase == "backward" else ""))
+        if forbidden_only:
+            continue
         allowed = (2, 4) if phase == "backward" else (2,)  # Megatron gathers its input again
         if len(scatters) != 2 or len(gathers) not in allowed:
             return (f"{where}'s {phase} made {len(gathers)} all-gathers and "
@@ -365,26 +396,19 @@ def calls_cause(case: Case, log: RankLog, sequence: bool) -> str:
 
 
 def weights_cause(case: Case, log: RankLog) -> str:
-    """Why rank ``log.rank`` holds the wrong slices, or more than 1/t of the block."""
+    """Why rank ``log.rank`` holds more than 1/t of the block, or ""."""
     n, dim = world_size(case), case.sizes["dim"]
     mark = next((m for m in log.marks if m.label == "weights"), None)
     if mark is None:
         return f"rank {log.rank}: the grader could not see the block's weights"
-    full = {"attention.q": (dim, dim), "attention.k": (dim, dim), "attention.v": (dim, dim),
-            "attention.out": (dim, dim), "mlp.up": (4 * dim, dim), "mlp.down": (dim, 4 * dim)}
-    for name, split in SPLITS.items():
-        rows, columns = full[name]
-        want = [rows // n, columns] if split == "column" else [rows, columns // n]
-        got = mark.data.get("shapes", {}).get(name)
-        if got != want:
-            way = "output features (rows)" if split == "column" else "input features (columns)"
-            return (f"rank {log.rank}: {name}.weight is {got}; split by its {way} over "
-                    f"{n} ranks it is {want}")
+    full = full_shapes(dim)
     matrices = sum(r * c for r, c in full.values()) * 4 // n
     norms = 4 * dim * 4
     allowed = matrices + norms + SLACK_BYTES
     held = mark.data.get("held")
-    if not isinstance(held, int) or held > allowed:
+    if not isinstance(held, int):
+        return f"rank {log.rank}: the grader's measurement of the block's memory is missing"
+    if held > allowed:
         return (f"rank {log.rank}: the block and the learner's code hold {held:,} B of "
                 f"tensors, more than 1/{n} of its matrices ({matrices:,} B) and its "
                 f"LayerNorms ({norms:,} B): keep no whole weight once it is split")
@@ -428,6 +452,17 @@ def _grade(sequence: bool):
                 return CaseResult(case, Comparison(False, cause=(
                     f"rank {log.rank}: objects were frozen (gc.freeze), out of the "
                     "grader's sight: leave the collector's generations alone")))
+        for log in logs:
+            raised = next((m for m in log.marks if m.label == "raised"), None)
+            if raised is not None:
+                # A call the contract forbids explains the error; a count cut short by it
+                # does not.
+                cause = calls_cause(case, log, sequence, forbidden_only=True)
+                phase = "backward" if any(m.label == "backward" for m in log.marks) \
+                    else "forward"
+                return CaseResult(case, Comparison(False, cause=(
+                    f"rank {log.rank} raised {raised.data.get('error')} in the block's "
+                    f"{phase}" + (f"; before it, {cause}" if cause else ""))))
         for log in logs:
             cause = weights_cause(case, log) or calls_cause(case, log, sequence)
             if cause:

@@ -1,0 +1,330 @@
+"""tp/block, tp/sequence and tp/plan: PyTorch's own tensor-parallel plan and a split written
+another way pass; each classic slip fails with its cause named; the verdict is the same
+for 20 draws of the weights and inputs; the functional collectives DTensor issues are
+recorded as the collectives they are.
+
+Slips are graded on the one case that shows them (3 ranks unless said), as in
+test_fsdp_cheats.py; the course's own solutions run every case in test_solutions.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from mutants import grade, mutant
+
+from rooflab.autograder import get_problem
+from rooflab.autograder.problems import tensor_parallel as problems
+from rooflab.kernels import tensor_parallel as tp
+
+
+def on(problem: str, *ranks: int, copies: int = 1):
+    """The problem with only its cases on ``ranks``, each ``copies`` times (every copy
+    draws its own weights and inputs)."""
+    spec = get_problem(problem)
+    cases = [case for case in spec.cpu_cases if case.sizes["ranks"] in ranks] * copies
+    return dataclasses.replace(spec, cpu_cases=cases, gpu_cases=cases)
+
+
+def causes(result) -> str:
+    return " | ".join(case.explained for case in result.cases if not case.ok)
+
+
+# --- correct code, written other ways -------------------------------------------------------------
+
+
+def dtensor_block(block):
+    from rooflab.kernels.tensor_parallel import dtensor_plan
+
+    return dtensor_plan(block)
+
+
+def dtensor_sequence(block):
+    from rooflab.kernels.tensor_parallel import dtensor_plan
+
+    return dtensor_plan(block, sequence=True)
+
+
+@pytest.mark.parametrize("problem, plan", [("tp/block", dtensor_block),
+                                           ("tp/sequence", dtensor_sequence)])
+def test_pytorchs_own_tensor_parallel_plan_passes_on_every_case(problem, plan):
+    """torch.distributed.tensor.parallel, planned as torchtitan plans Llama: its weights
+    DTensors, its collectives the functional ones."""
+    result = grade(problem, plan)
+    assert result.passed, causes(result)
+
+
+def sliced_in_place(block):
+    """The Linear modules kept, their weights swapped for slices; g as a forward hook on
+    the row-parallel layers, f as a hook on the gradient of each half's input."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    class AllReduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = x.clone()
+            dist.all_reduce(out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    def keep(linear, dim):
+        whole = linear.weight.detach()
+        linear.weight = nn.Parameter(torch.chunk(whole, world, dim=dim)[rank].clone())
+
+    for name in ("q", "k", "v"):
+        keep(getattr(block.attention, name), 0)
+    keep(block.mlp.up, 0)
+    for layer in (block.attention.out, block.mlp.down):
+        keep(layer, 1)
+        layer.register_forward_hook(lambda m, args, out: AllReduce.apply(out))
+
+    def summed(grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+    def f(module, args):
+        x = args[0].view_as(args[0])  # a new node, whose gradient the hook sums
+        if x.requires_grad:
+            x.register_hook(summed)
+        return (x,)
+
+    block.attention.register_forward_pre_hook(f)
+    block.mlp.register_forward_pre_hook(f)
+
+
+def test_a_block_sliced_in_place_with_hooks_passes_on_every_case():
+    result = grade("tp/block", sliced_in_place)
+    assert result.passed, causes(result)
+
+
+def regathering(block):
+    """Megatron's sequence parallelism as it saves memory: each half saves its rank's
+    slice, not the gathered input, and gathers it again in backward."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from rooflab.kernels import tensor_parallel as tp
+
+    world = dist.get_world_size()
+
+    class GatherThenProject(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, shard, *weights):
+            ctx.save_for_backward(shard, *weights)
+            whole = tp._gather_sequence(shard)
+            return tuple(F.linear(whole, w) for w in weights)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            shard, *weights = ctx.saved_tensors
+            whole = tp._gather_sequence(shard)  # again: it was not kept
+            grad_whole = sum(g @ w for g, w in zip(grads, weights, strict=True))
+            grad_weights = [g.flatten(0, 1).t() @ whole.flatten(0, 1) for g in grads]
+            return (tp._reduce_scatter_sequence(grad_whole), *grad_weights)
+
+    for name, split in tp.SPLITS.items():
+        linear = block.get_submodule(name)
+        tp._replace(block, name, tp.ColumnParallelLinear(linear) if split == "column" else
+                    tp.RowParallelLinear(linear, reduce=tp.reduce_scatter_to_sequence))
+    attention, mlp = block.attention, block.mlp
+
+    def attend(x):
+        batch, length, _ = x.shape
+        q, k, v = (t.view(batch, world * length, -1, attention.head_dim).transpose(1, 2)
+                   for t in GatherThenProject.apply(x, attention.q.weight, attention.k.weight,
+                                                    attention.v.weight))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attention.out(out.transpose(1, 2).reshape(batch, world * length, -1))
+
+    def feed(x):
+        (up,) = GatherThenProject.apply(x, mlp.up.weight)
+        return mlp.down(F.gelu(up))
+
+    attention.forward, mlp.forward = attend, feed
+
+
+def test_megatrons_sequence_parallelism_that_gathers_again_in_backward_passes():
+    result = grade("tp/sequence", regathering)
+    assert result.passed, causes(result)
+
+
+# --- the slips ------------------------------------------------------------------------------------
+
+SLIPS = [
+    ("no g: the row-parallel outputs never summed", "tp/block", (
+        ("        dist.all_reduce(total)\n", ""),), "forward made 0 all-reduces, not 2"),
+    ("no f: the input's gradient never summed", "tp/block", (
+        ("        dist.all_reduce(grad)\n", ""),), "backward made 0 all-reduces, not 2"),
+    ("f inside every column-parallel layer", "tp/block", (
+        ("        return F.linear(x, self.weight)\n",
+         "        return F.linear(copy_to_parallel(x), self.weight)\n"),
+        ("        half.register_forward_pre_hook(lambda module, args: "
+         "(copy_to_parallel(args[0]),))\n", "        pass\n")),
+     "backward made 4 all-reduces, not 2: q, k and v read one input"),
+    ("the row-parallel layer split by rows", "tp/block", (
+        ("        columns = linear.in_features // world\n        self.weight = nn.Parameter(\n"
+         "            linear.weight.detach()[:, rank * columns:(rank + 1) * columns].clone())\n",
+         "        columns = linear.out_features // world\n        self.weight = nn.Parameter(\n"
+         "            linear.weight.detach()[rank * columns:(rank + 1) * columns].clone())\n"),),
+     "split by its input features (columns)"),
+    ("the ranks' slices in reverse order", "tp/block", (
+        ("linear.weight.detach()[rank * rows:(rank + 1) * rows]",
+         "linear.weight.detach()[(world - 1 - rank) * rows:(world - rank) * rows]"),),
+     "rank 0: the block's output differs from one process's"),
+    ("the whole weight kept beside its slice", "tp/block", (
+        ("        self.weight = nn.Parameter(linear.weight.detach()[rank * rows:",
+         "        self.whole = linear.weight.detach()\n"
+         "        self.weight = nn.Parameter(linear.weight.detach()[rank * rows:"),),
+     "of tensors, more than 1/3 of its matrices"),
+    ("sequence parallelism that still all-reduces", "tp/sequence", (
+        ("                 else RowParallelLinear(linear, reduce=reduce_scatter_to_sequence))",
+         "                 else RowParallelLinear(linear))"),),
+     "forward all-reduced: with sequence parallelism the all-reduce becomes a "
+     "reduce-scatter"),
+    ("the sequence gathered before the LayerNorm", "tp/sequence", (
+        ("    for half in (block.attention, block.mlp):\n        ### KEY\n"
+         "        half.register_forward_pre_hook(lambda module, args: "
+         "(gather_from_sequence(args[0]),))",
+         "    for half in (block.attention_norm, block.mlp_norm):\n        ### KEY\n"
+         "        half.register_forward_pre_hook(lambda module, args: "
+         "(gather_from_sequence(args[0]),))"),
+        ),
+     "of activations after forward, more than"),
+]
+
+
+@pytest.mark.parametrize("name, problem, edits, words", SLIPS, ids=[s[0] for s in SLIPS])
+def test_each_classic_slip_fails_and_is_named(tmp_path, name, problem, edits, words):
+    module = mutant(tmp_path, "tensor_parallel", *edits)
+    function = module.parallelize if problem == "tp/block" else module.parallelize_sequence
+    result = grade(on(problem, 3), function)
+    assert not result.passed
+    assert words in causes(result), causes(result)
+
+
+def test_the_verdicts_are_the_same_for_20_draws():
+    """Ten draws of weights and inputs on 2 ranks and ten on 4, for the course's split and
+    for a slip: every case passes, and every case fails the same way."""
+    spec = on("tp/block", 2, 4, copies=10)
+    assert len(spec.cpu_cases) == 20
+    result = grade(spec, tp.parallelize)
+    assert result.passed and len(result.cases) == 20, causes(result)
+
+
+def test_a_slip_fails_every_one_of_20_draws(tmp_path):
+    """f that averages the input's gradient instead of summing it."""
+    module = mutant(tmp_path, "tensor_parallel", ("        dist.all_reduce(grad)\n",
+                                                  "        dist.all_reduce(grad)\n"
+                                                  "        grad = grad / 2\n"))
+    result = grade(on("tp/block", 2, 4, copies=10), module.parallelize)
+    wrong = [case for case in result.cases if not case.ok]
+    assert len(wrong) == 20 and all("input's gradient differs" in case.explained
+                                    for case in wrong)
+
+
+# --- what the grader reads ----------------------------------------------------------------------
+
+
+def test_a_split_that_loses_a_layer_is_refused_by_name():
+    def drops_the_mlp(block):
+        del block.mlp.down
+
+    result = grade(on("tp/block", 2), drops_the_mlp)
+    assert "the block has no mlp.down.weight after the split" in causes(result)
+
+
+def test_the_reference_is_one_process_and_the_bytes_follow_megatrons_count():
+    case = get_problem("tp/block").cpu_cases[0]
+    setup = (32, 4, 7, False)
+    x, grad = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    want = problems.reference(setup, x, grad)
+    block = problems.make_block(32, 4, 7).double()
+    xd = x.double().requires_grad_()
+    block(xd).backward(grad.double())
+    assert torch.equal(want["input"], xd.grad)
+    assert torch.equal(want["mlp.up"], block.mlp.up.weight.grad)
+    # four all-reduces of the 2 × 8 × 32 activation, 2·(t − 1)/t of 4 bytes each
+    assert problems.cost(case).bytes == 4 * 2 * (1 / 2) * 2 * 8 * 32 * 4
+
+
+def test_functional_collectives_are_recorded_as_the_collectives_they_are():
+    """A ring all-reduce that hands its work to funcol (as DTensor does) is a library
+    call, not an answer that made no calls."""
+    def functional_ring(x, average=False):
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+
+        total = funcol.all_reduce(x, "sum", dist.group.WORLD).clone()
+        return total / dist.get_world_size() if average else total
+
+    spec = get_problem("collectives/ring_allreduce")
+    result = grade(dataclasses.replace(spec, cpu_cases=spec.cpu_cases[:1],
+                                       gpu_cases=spec.cpu_cases[:1]), functional_ring)
+    assert not result.passed
+    assert "all_reduce" in causes(result), causes(result)
+
+
+# --- tp/plan --------------------------------------------------------------------------------------
+
+
+def test_the_plan_passes_in_any_number_type_and_fails_a_lookup_table():
+    assert grade("tp/plan", tp.parallel_plan).passed
+
+    def as_tensors(*args):
+        return tuple(torch.tensor(v, dtype=torch.float64) for v in tp.parallel_plan(*args))
+
+    assert grade("tp/plan", as_tensors).passed
+    named = {case.note: tp.parallel_plan(*problems._plan_inputs(case, None, None))
+             for case in get_problem("tp/plan").cpu_cases if "hidden" in case.sizes}
+
+    def table(hidden, layers, seq_len, batch, gpus, tp_, sharded):
+        for case in get_problem("tp/plan").cpu_cases:
+            if case.sizes.get("hidden") == hidden and case.sizes.get("gpus") == gpus and \
+                    case.sizes.get("tp") == tp_ and bool(case.sizes.get("sharded")) == sharded:
+                return named[case.note]
+        return (0.0, 0.0)
+
+    assert not grade("tp/plan", table).passed
+
+
+PLAN_SLIPS = [
+    ("activations whole", lambda h, L, s, B, G, t, shard: (
+        tp.parallel_plan(h, L, s, B, G, t, shard)[0] + 34 * s * h * L * (1 - 1 / t),
+        tp.parallel_plan(h, L, s, B, G, t, shard)[1]),
+     "Sequence parallelism splits every activation"),
+    ("TP traffic as one reduce-scatter", lambda h, L, s, B, G, t, shard: (
+        tp.parallel_plan(h, L, s, B, G, t, shard)[0],
+        tp.parallel_plan(h, L, s, B, G, t, shard)[1]
+        - (B / (G // t)) * L * 4 * (t - 1) / t * 2 * s * h),
+     "the TP side is half"),
+]
+
+
+@pytest.mark.parametrize("name, plan, words", PLAN_SLIPS, ids=[s[0] for s in PLAN_SLIPS])
+def test_plan_slips_fail_and_are_named(name, plan, words):
+    result = grade("tp/plan", plan)
+    assert not result.passed
+    assert words in causes(result), causes(result)
+
+
+def test_the_plan_counts_the_concept_pages_model():
+    """h 4096, 32 layers, 8 sequences of 4096 tokens on 8 GPUs: the concept page's
+    picture says DP holds 121 GB and sends 23, FSDP 31 and 34, TP + SP 15 and 60."""
+    for (tp_, sharded), (held, sent) in {(1, False): (121, 23), (1, True): (31, 34),
+                                         (8, False): (15, 60)}.items():
+        got = tp.parallel_plan(4096, 32, 4096, 8, 8, tp_, sharded)
+        assert (round(got[0] / 1e9), round(got[1] / 1e9)) == (held, sent)
+    assert math.isclose(tp.parallel_plan(4096, 32, 4096, 8, 8, 8, True)[0],
+                        tp.parallel_plan(4096, 32, 4096, 8, 8, 8, False)[0])
+
