@@ -580,7 +580,7 @@ def _plan_inputs(case: Case, generator: torch.Generator, device: torch.device) -
 
 def _plan_reference(hidden: int, layers: int, seq_len: int, batch: int, gpus: int, tp: int,
                     sharded: bool) -> dict:
-    params = 12 * hidden * hidden * layers
+    params = 12 * hidden**2 * layers
     data = gpus // tp
     held = STATE_BYTES * params / (tp * (data if sharded else 1)) + \
         ACTIVATION_BYTES * seq_len * hidden * layers / tp
@@ -611,7 +611,7 @@ def compare_plan(output: object, reference: dict) -> str:
 
 def _plan_cause(got: list[float], setting: tuple, wrong: list[int]) -> str:
     hidden, layers, seq_len, batch, gpus, tp, sharded = setting
-    params, data = 12 * hidden * hidden * layers, gpus // tp
+    params, data = 12 * hidden**2 * layers, gpus // tp
     state = STATE_BYTES * params / (tp * (data if sharded else 1))
     activations = ACTIVATION_BYTES * seq_len * hidden * layers
     if 0 in wrong and tp > 1 and math.isclose(got[0], state + activations, rel_tol=RTOL):
