@@ -408,7 +408,18 @@ def _point_to_point(name: str, original):
     return wrapper
 
 
-def _collective(name: str, original):
+# The argument that holds what a collective sends, by the names torch.distributed's
+# functions give it, and the functional collectives'.
+SENT = ("tensor", "input", "input_tensor", "tensors", "input_list", "input_tensor_list", "obj",
+        "object_list")
+SENT_FUNCTIONAL = ("self", "inputs", "input", "tensor")
+
+
+def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
+                via: str = ""):
+    """A wrapper that records a collective as ``op`` (default ``name``). A functional
+    collective returns at once with a tensor that waits for its data when first used:
+    recorded as a call that ended there."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -419,38 +430,12 @@ def _collective(name: str, original):
             given = signature.bind(*args, **kwargs).arguments
         except TypeError:
             return original(*args, **kwargs)
-        tensors = next((given[key] for key in ("tensor", "input", "input_tensor", "tensors",
-                                               "input_list", "input_tensor_list", "obj",
-                                               "object_list") if key in given), None)
+        tensors = next((given[key] for key in sent if key in given), None)
         asynchronous = bool(given.get("async_op", False))
-        seq = _begin(name, tensors, None, blocking=not asynchronous)
+        seq = _begin(op or name, tensors, None, blocking=not asynchronous, via=via)
         result = _inner(original, *args, **kwargs)
         if asynchronous and result is not None:
             return Request(result, [seq])
-        emit({"e": "done", "seq": seq, "t": time.monotonic()})
-        return result
-
-    return wrapper
-
-
-def _functional(name: str, original):
-    """A functional collective (``funcol.all_reduce(tensor, "sum", group)``), recorded as
-    the torch.distributed collective it is. It returns at once with a tensor that waits
-    for its data when first used: recorded as a call that ended there."""
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        if _depth():
-            return original(*args, **kwargs)
-        try:
-            given = signature.bind(*args, **kwargs).arguments
-        except TypeError:
-            return original(*args, **kwargs)
-        tensors = next((given[key] for key in ("self", "inputs", "input", "tensor")
-                        if key in given), None)
-        seq = _begin(FUNCTIONAL[name], tensors, None, blocking=True, via=FUNCTIONAL_VIA)
-        result = _inner(original, *args, **kwargs)
         emit({"e": "done", "seq": seq, "t": time.monotonic()})
         return result
 
@@ -465,7 +450,8 @@ def _install_functional() -> None:
     for name in FUNCTIONAL:
         original = getattr(funcol, name, None)
         if callable(original):
-            setattr(funcol, name, _functional(name, original))
+            setattr(funcol, name, _collective(name, original, op=FUNCTIONAL[name],
+                                              sent=SENT_FUNCTIONAL, via=FUNCTIONAL_VIA))
 
 
 def _batch(original):
