@@ -360,6 +360,62 @@ def sharding_plan(params: float, nodes: int, gpus_per_node: int,
     ### END SOLUTION
 
 
+# --- 5. activation checkpointing: keep a block's input, compute the rest again -----------------
+
+
+class Recomputed(torch.autograd.Function):
+    """``run(x)`` with nothing saved for backward but ``x``: backward runs it again, with
+    autograd on, and backpropagates through that second graph. The parameters ``run``
+    uses get their gradients there (accumulated into ``.grad`` as usual); ``x`` gets its
+    own from it, returned to the graph around."""
+
+    @staticmethod
+    def forward(ctx, run, x: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        ### KEY
+        ctx.run = run
+        ctx.save_for_backward(x)
+        with torch.no_grad():  # no graph: its activations are freed as they are used
+            return run(x)
+        ### END KEY
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ### BEGIN SOLUTION
+        (x,) = ctx.saved_tensors
+        ### KEY
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            output = ctx.run(x)  # the same forward again, this time keeping its graph
+        torch.autograd.backward(output, grad)
+        ### END KEY
+        return None, x.grad
+        ### END SOLUTION
+
+
+def checkpoint_blocks(model: TinyTransformer) -> TinyTransformer:
+    """Make every block of ``model`` keep only its input for backward and compute its
+    forward again there: activations of L·b·s·h (the blocks' inputs) instead of every
+    block's, for one more forward a step."""
+    ### BEGIN SOLUTION
+    for block in model.blocks:
+        run = block.forward
+
+        def recomputed(x: torch.Tensor, run=run) -> torch.Tensor:
+            # The model's input needs no gradient; a Function none of whose inputs does
+            # is cut from the graph, and its block's parameters would get none.
+            ### KEY
+            if not x.requires_grad:
+                x = x.detach().requires_grad_()
+            return Recomputed.apply(run, x)
+            ### END KEY
+
+        block.forward = recomputed
+    ### END SOLUTION
+    return model
+
+
 # --- outside the grader: under torchrun ----------------------------------------------------------
 
 

@@ -74,14 +74,29 @@ def _saved_by_autograd(tensor: torch.Tensor, seen: set[int]) -> list[torch.Tenso
         seen.add(id(node))
         for name in dir(node):
             if name.startswith("_saved_"):
+                packed = _packed(node, name)
                 try:
-                    value = getattr(node, name)
+                    value = getattr(node, name) if packed is None else packed
                 except RuntimeError:  # freed by a backward that did not retain the graph
                     continue
                 found += [v for v in (value if isinstance(value, (tuple, list)) else [value])
                           if isinstance(v, torch.Tensor)]
         todo += [next_node for next_node, _ in getattr(node, "next_functions", ())]
     return found
+
+
+def _packed(node: object, name: str) -> list | None:
+    """What a saved tensor packed by hooks holds (``saved_tensors_hooks``, a checkpoint, an
+    offload to the host), as the tensors in it; None for one saved as it is. Reading the
+    saved tensor itself would run its unpack hook: a checkpoint's recomputes the forward."""
+    raw = getattr(node, "_raw" + name, None)
+    if getattr(raw, "unpack_hook", None) is None:  # plain, or a torch that cannot tell
+        return None
+    holder = getattr(raw, "data", None)
+    if isinstance(holder, torch.Tensor):
+        return [holder]
+    inside = holder if isinstance(holder, (tuple, list)) else gc.get_referents(holder)
+    return [item for item in inside if isinstance(item, torch.Tensor)]
 
 
 def _ranges() -> list[tuple[str, int, int]]:

@@ -1,0 +1,143 @@
+"""fsdp/checkpoint: PyTorch's own checkpoint passes; each classic slip fails with its cause
+named; a graph kept whole out of the measure's sight is no checkpoint. The course's own
+solution runs in test_solutions.py; slips run on the first case only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from mutants import grade, mutant
+
+from rooflab.autograder import get_problem
+from rooflab.autograder.evidence.live_memory import live
+
+
+def first_case():
+    spec = get_problem("fsdp/checkpoint")
+    return dataclasses.replace(spec, cpu_cases=spec.cpu_cases[:1],
+                               gpu_cases=spec.cpu_cases[:1])
+
+
+def causes(result) -> str:
+    return " | ".join(case.explained for case in result.cases if not case.ok)
+
+
+def torch_checkpoint(model):
+    """torch.utils.checkpoint as PyTorch recommends it (not reentrant): its saved tensors
+    are packed by hooks, which the grader reads without running them."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    return model
+
+
+def test_pytorchs_checkpoint_passes_on_every_case():
+    result = grade("fsdp/checkpoint", torch_checkpoint)
+    assert result.passed, causes(result)
+
+
+def reentrant_checkpoint(model):
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=True)
+    return model
+
+
+def test_the_reentrant_checkpoint_on_data_cuts_block_0_off_and_is_named():
+    """PyTorch's own pitfall: with use_reentrant=True and an input that needs no gradient,
+    the first block is cut from the graph, and every block after it."""
+    result = grade(first_case(), reentrant_checkpoint)
+    assert "the model's output needs no gradient: every block is cut from the graph" in \
+        causes(result), causes(result)
+
+
+def hidden_graph(model):
+    """No recomputation: each block's whole graph kept on the Function's context, where
+    no saved-tensor list shows it."""
+    import torch
+
+    class Hide(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, run, x):
+            with torch.enable_grad():
+                inner = x.detach().requires_grad_()
+                ctx.inner, ctx.out = inner, run(inner)
+            return ctx.out.detach()
+
+        @staticmethod
+        def backward(ctx, grad):
+            torch.autograd.backward(ctx.out, grad)
+            return None, ctx.inner.grad
+
+    for block in model.blocks:
+        run = block.forward
+        block.forward = lambda x, run=run: Hide.apply(
+            run, x if x.requires_grad else x.detach().requires_grad_())
+    return model
+
+
+def test_a_graph_kept_whole_out_of_sight_is_no_checkpoint():
+    result = grade(first_case(), hidden_graph)
+    assert "did not run again in backward" in causes(result), causes(result)
+
+
+SLIPS = [
+    ("the model's input left as it is", (("            if not x.requires_grad:\n"
+                                          "                x = x.detach().requires_grad_()\n",
+                                          ""),),
+     "the model's output needs no gradient: every block is cut from the graph"),
+    ("the input's gradient not returned", (("        return None, x.grad\n",
+                                            "        return None, None\n"),),
+     "block 0's parameters got a gradient of zeros"),
+]
+
+
+@pytest.mark.parametrize("name, edits, words", SLIPS, ids=[s[0] for s in SLIPS])
+def test_each_classic_slip_fails_and_is_named(tmp_path, name, edits, words):
+    module = mutant(tmp_path, "fsdp", *edits)
+    result = grade(first_case(), module.checkpoint_blocks)
+    assert not result.passed
+    assert words in causes(result), causes(result)
+
+
+def test_saving_everything_fails_on_the_activations(tmp_path):
+    """A checkpoint that saves its forward's graph as well as recomputing: right gradients,
+    the memory of no checkpoint."""
+    module = mutant(tmp_path, "fsdp", (
+        "        with torch.no_grad():  # no graph: its activations are freed as they are "
+        "used\n            return run(x)\n",
+        "        with torch.enable_grad():\n            ctx.kept = run(x.detach()"
+        ".requires_grad_())\n            ctx.save_for_backward(x, ctx.kept)\n"
+        "        with torch.no_grad():\n            return run(x)\n"),
+        ("        (x,) = ctx.saved_tensors\n", "        x, _ = ctx.saved_tensors\n"))
+    result = grade(first_case(), module.checkpoint_blocks)
+    assert "of activations were alive" in causes(result), causes(result)
+
+
+def test_packed_saved_tensors_are_counted_without_running_their_unpack_hook():
+    unpacked = []
+
+    def pack(tensor):
+        return ("kept", tensor.clone())
+
+    def unpack(packed):
+        unpacked.append(1)
+        return packed[1]
+
+    x = torch.randn(64, 64, requires_grad=True)
+    before = live().bytes
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        y = torch.sin(x)
+    held = live().bytes - before
+    assert unpacked == []
+    assert held >= 2 * 64 * 64 * 4  # y, and the packed copy of x
+    y.sum().backward()
+    assert unpacked == [1]
