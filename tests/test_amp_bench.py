@@ -34,7 +34,9 @@ def test_the_adamw_kernels_take_the_same_step():
     theirs, mine = _copies(inputs), _copies(inputs)
     torch_copy = bench_amp.torch_adamw_step(*theirs)
     ours = bench_amp.rooflab_adamw_step(*mine)
-    assert torch.equal(torch_copy, inputs[0].to(torch.bfloat16)) is False  # it moved
+    # It moved: the fp32 master weights, by about 1e-5, which the bf16 copy shows only
+    # where a value sits near a rounding boundary (on some draws, nowhere).
+    assert not torch.equal(theirs[0], inputs[0])
     # The same step, so the same master weights within fp32 roundings: another step count
     # (other bias corrections) moves them by about half an update, 1e-6 and more.
     torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=1e-8)

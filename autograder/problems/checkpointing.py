@@ -15,7 +15,7 @@ learner's code runs confined there, never in the grader). Graded:
   autograd's saved tensors included, and what saved-tensor hooks packed:
   ``evidence/live_memory.py``), at most what keeping each block's input and the model's
   output takes, L + 1 tensors of b × s × h, with a random generator's state a block and
-  half a tensor of slack. Without checkpointing a block keeps some 30 of them.
+  half a tensor of slack. Without checkpointing a block keeps some 16 of them.
 """
 
 from __future__ import annotations
@@ -65,15 +65,16 @@ def run(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
     candidate(model)
     # A first step unmeasured: what the learner's code imports or caches on its first
     # call is not an activation.
-    output = model(x.clone())
-    if not (isinstance(output, torch.Tensor) and output.requires_grad):
+    warm = model(x.clone())
+    if not (isinstance(warm, torch.Tensor) and warm.requires_grad):
         record.mark("invalid", why=(
             "the model's output needs no gradient: every block is cut from the graph. The "
             "first block's input is the model's, data that needs no gradient, and an "
             "autograd Function none of whose inputs needs one is cut off, and every block "
             "after it with it. Make the input require grad (x.detach().requires_grad_())"))
         return torch.empty(0)
-    F.mse_loss(output, y).backward()
+    F.mse_loss(warm, y).backward()
+    del warm  # and the graph behind it, before anything is measured
     model.zero_grad(set_to_none=True)
     # How often each block's first layer runs in forward and in backward: a block that
     # is checkpointed runs again in backward.
