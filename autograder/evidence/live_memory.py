@@ -63,9 +63,18 @@ def _array_range(array: np.ndarray) -> tuple[str, int, int] | None:
     return "cpu", root.__array_interface__["data"][0], root.nbytes
 
 
-def _saved_by_autograd(tensor: torch.Tensor, seen: set[int]) -> list[torch.Tensor]:
-    """The tensors saved for backward in the graph behind ``tensor``: they live in C++,
-    out of the garbage collector's sight, as long as the graph does."""
+def _buffer_range(item: object) -> tuple[str, int, int] | None:
+    if isinstance(item, torch.Tensor):
+        return _tensor_range(item)
+    if isinstance(item, np.ndarray):
+        return _array_range(item)
+    return ("cpu", id(item), sys.getsizeof(item))  # bytes, bytearray
+
+
+def _saved_by_autograd(tensor: torch.Tensor, seen: set[int]) -> list[object]:
+    """The tensors saved for backward in the graph behind ``tensor`` (and the arrays and
+    byte strings saved-tensor hooks packed them into): they live in C++, out of the
+    garbage collector's sight, as long as the graph does."""
     found, todo = [], [tensor.grad_fn]
     while todo:
         node = todo.pop()
@@ -80,7 +89,7 @@ def _saved_by_autograd(tensor: torch.Tensor, seen: set[int]) -> list[torch.Tenso
                 except RuntimeError:  # freed by a backward that did not retain the graph
                     continue
                 found += [v for v in (value if isinstance(value, (tuple, list)) else [value])
-                          if isinstance(v, torch.Tensor)]
+                          if isinstance(v, (torch.Tensor, np.ndarray, bytes, bytearray))]
         todo += [next_node for next_node, _ in getattr(node, "next_functions", ())]
     return found
 
@@ -92,11 +101,17 @@ def _packed(node: object, name: str) -> list | None:
     raw = getattr(node, "_raw" + name, None)
     if getattr(raw, "unpack_hook", None) is None:  # plain, or a torch that cannot tell
         return None
-    holder = getattr(raw, "data", None)
-    if isinstance(holder, torch.Tensor):
-        return [holder]
-    inside = holder if isinstance(holder, (tuple, list)) else gc.get_referents(holder)
-    return [item for item in inside if isinstance(item, torch.Tensor)]
+    found, seen, todo = [], set(), [getattr(raw, "data", None)]
+    while todo:  # what the packed object holds, through containers and attributes
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, (torch.Tensor, np.ndarray, bytes, bytearray)):
+            found.append(item)
+        elif not isinstance(item, (type, types.ModuleType, types.FunctionType)):
+            todo += gc.get_referents(item)
+    return found
 
 
 def _ranges() -> list[tuple[str, int, int]]:
@@ -111,7 +126,7 @@ def _ranges() -> list[tuple[str, int, int]]:
                 ranges.append(found)
             if item.grad_fn is not None:
                 for saved in _saved_by_autograd(item, nodes_seen):
-                    found = _tensor_range(saved)
+                    found = _buffer_range(saved)
                     if found:
                         ranges.append(found)
         elif issubclass(kind, np.ndarray):

@@ -29,6 +29,7 @@ from ..evidence.live_memory import freeze, live, refrozen
 from ..problem import Case, Cost, register
 from ..ranks import RanksProblem, record
 from .fsdp import make_model
+from .tensor_parallel import forged_marks
 
 BATCH, LENGTH = 2, 16
 RELATIVE = 1e-6
@@ -62,7 +63,9 @@ def run(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
     sentinel = freeze()
     model = make_model(*setup)
     sizes = [p.numel() for p in model.parameters()]
-    candidate(model)
+    returned = candidate(model)
+    if isinstance(returned, torch.nn.Module):
+        model = returned
     # A first step unmeasured: what the learner's code imports or caches on its first
     # call is not an activation.
     warm = model(x.clone())
@@ -105,13 +108,15 @@ def reference(setup: tuple, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tens
     return _gradients(model)
 
 
-RNG_STATE_BYTES = 8192  # a block: the CPU generator's state a checkpoint keeps (5,056 B)
+# A block: the CPU generator's state that torch.utils.checkpoint keeps (5,056 B), to replay
+# dropout the same way.
+RNG_STATE_BYTES = 8192
 
 
 def activations_bound(case: Case) -> int:
     """The block inputs and the output, L + 1 tensors of b × s × h in fp32; for each
-    block the random generator's state, which a checkpoint keeps to replay dropout the
-    same way; half a tensor of slack."""
+    block the random generator's state, which torch.utils.checkpoint keeps to replay
+    dropout the same way; half a tensor of slack."""
     activation = BATCH * LENGTH * case.sizes["dim"] * 4
     layers = case.sizes["layers"]
     return (layers + 1) * activation + layers * RNG_STATE_BYTES + activation // 2
@@ -120,6 +125,9 @@ def activations_bound(case: Case) -> int:
 def _grade(case: Case, inputs: list[tuple], outputs: list[object],
            logs: list[record.RankLog]) -> CaseResult:
     log, output = logs[0], outputs[0]
+    forged = forged_marks(log, ("forward", "after", "invalid"))
+    if forged:
+        return CaseResult(case, Comparison(False, cause=forged))
     invalid = next((m for m in log.marks if m.label == "invalid"), None)
     if invalid is not None:
         return CaseResult(case, Comparison(False, cause=invalid.data.get("why", "")))
@@ -173,9 +181,10 @@ def _grade(case: Case, inputs: list[tuple], outputs: list[object],
     if len(again) != blocks or not all(isinstance(n, int) and n >= 1 for n in again):
         first = next((i for i, n in enumerate(again) if not n), 0)
         return CaseResult(case, seen, error=(
-            f"block {first} did not run again in backward (its layers ran {again} times "
+            f"block {first}'s layers did not run in backward (they ran {again} times "
             "there, block by block): checkpointing computes a block's forward a second "
-            "time, from its saved input; a graph kept whole out of sight is no checkpoint"))
+            "time, from its saved input, in backward (and checkpoint_blocks checkpoints the "
+            "model it is given, or returns the one to train)"))
     held, bound = forward.data.get("activations"), activations_bound(case)
     if not isinstance(held, int):
         return CaseResult(case, seen, error="the grader could not measure the activations")

@@ -313,6 +313,21 @@ def _numbers_advice(name: str, got: torch.Tensor, right: torch.Tensor, n: int,
     return ""
 
 
+MARKS = ("weights", "forward", "backward", "after", "returned", "raised", "invalid")
+
+
+def forged_marks(log: RankLog, labels: tuple[str, ...]) -> str:
+    """"" when each of the harness's marks appears at most once in the rank's log, as the
+    harness writes them; else what the learner's code wrote besides."""
+    counts = Counter(m.label for m in log.marks if m.label in labels)
+    twice = [label for label, count in counts.items() if count > 1]
+    if twice:
+        return (f"rank {log.rank}'s log holds the grader's mark \"{twice[0]}\" "
+                f"{counts[twice[0]]} times: the grader writes it once, and marks written by "
+                "other code are refused")
+    return ""
+
+
 def _phase(log: RankLog, label: str, until: str | None) -> list[Call]:
     start = next((m for m in log.marks if m.label == label), None)
     end = next((m for m in log.marks if m.label == until), None) if until else None
@@ -349,10 +364,12 @@ def calls_cause(case: Case, log: RankLog, sequence: bool, forbidden_only: bool =
             if forbidden_only:
                 continue
             if len(reduces) != 2:
-                return (f"{where}'s {phase} made {len(reduces)} all-reduces, not 2: "
+                activations = all(c.elements == whole for c in reduces)
+                return (f"{where}'s {phase} made {len(reduces)} all-reduces, not 2 "
+                        f"(of {sorted(c.elements for c in reduces)} elements): "
                         + ("q, k and v read one input: one f for the three, where the "
-                           "attention begins" if phase == "backward" and len(reduces) > 2
-                           else contract))
+                           "attention begins" if phase == "backward" and len(reduces) == 4
+                           and activations else contract))
             sizes = sorted(c.elements for c in reduces)
             if sizes != [whole, whole]:
                 return (f"{where}'s {phase} all-reduced {sizes} elements; each is the "
@@ -433,10 +450,14 @@ def activations_cause(case: Case, log: RankLog) -> str:
     if not isinstance(held, int):
         return f"rank {log.rank}: the grader could not measure the activations"
     if held > bound:
-        return (f"rank {log.rank} held {held:,} B of activations after forward, more than "
-                f"the {bound:,} B that sequence parallelism leaves: the LayerNorms and "
-                "the residual run on the rank's slice of the sequence; gather only the "
-                "LayerNorm's output, where each half begins")
+        activation = BATCH * case.sizes["length"] * case.sizes["dim"] * 4
+        return (f"rank {log.rank} held {held:,} B of activations after forward "
+                f"({held / activation:.1f} tensors of b × s × h), more than the {bound:,} B "
+                f"({bound / activation:.1f}) that sequence parallelism leaves: every "
+                "activation split t ways, but the two gathered inputs. Run the LayerNorms "
+                "and the residual on the rank's slice, gather the LayerNorm's output where "
+                "each half begins, and hand its layers a contiguous tensor (they save their "
+                "input; a strided view makes each save a copy)")
     return ""
 
 
@@ -444,6 +465,9 @@ def _grade(sequence: bool):
     def grade(case: Case, inputs: list[tuple], outputs: list[object],
               logs: list[RankLog]) -> CaseResult:
         for log in logs:
+            forged = forged_marks(log, MARKS)
+            if forged:
+                return CaseResult(case, Comparison(False, cause=forged))
             invalid = next((m for m in log.marks if m.label == "invalid"), None)
             if invalid is not None:
                 return CaseResult(case, Comparison(False, cause=f"rank {log.rank}: "
@@ -506,7 +530,8 @@ SEQUENCE_HINTS = ("The block gets and returns (b, s/t, h). Where a half begins, 
                   "there and back (movedim).",
                   "gather: local = shard.movedim(1, 0).contiguous(); whole = "
                   "local.new_empty((t * local.shape[0], *local.shape[1:])); "
-                  "dist.all_gather_into_tensor(whole, local); return whole.movedim(0, 1). "
+                  "dist.all_gather_into_tensor(whole, local); return "
+                  "whole.movedim(0, 1).contiguous(). "
                   "reduce-scatter likewise, with reduce_scatter_tensor(mine, local).")
 
 for _sequence, _id, _title, _function in (

@@ -26,9 +26,9 @@ the candidate runs (``watch``), so is every way around the functions above that 
 can see: a process group or a store it builds itself, and a group's own methods called
 directly. Every public function of torch.distributed is recorded but those listed as
 ``SILENT``, so one that a new torch adds is recorded until it is classified. So are the
-functional collectives that DTensor issues (``FUNCTIONAL``), under the name of the
-collective each one is: a tensor-parallel plan of PyTorch's is graded on its calls as a
-learner's is.
+functional collectives that DTensor issues (``FUNCTIONAL``), and the operators under them
+(``OPERATORS``, torch.ops._c10d_functional), under the name of the collective each one
+is: a tensor-parallel plan of PyTorch's is graded on its calls as a learner's is.
 """
 
 from __future__ import annotations
@@ -133,6 +133,21 @@ FUNCTIONAL = {
     "permute_tensor": "permute_tensor",
 }
 FUNCTIONAL_VIA = "functional"
+# The operators underneath them, reachable as torch.ops._c10d_functional.<name> (and
+# .default): called directly, they go past funcol too.
+OPERATOR_SPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
+OPERATORS = {
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce", "all_reduce_coalesced_": "all_reduce",
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather_into_tensor_out": "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single", "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+}
+OPERATOR_VIA = "torch.ops"
 # torch.distributed.distributed_c10d's own ways to a new group, from its default store.
 INTERNALS = ("_get_default_store", "_new_group_with_tag", "_new_process_group_helper")
 # A store's methods that carry data between processes.
@@ -442,6 +457,42 @@ def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
     return wrapper
 
 
+class _RecordedOperator:
+    """A c10d functional operator (the overload packet, or one overload of it) whose calls
+    are recorded as the collective it is; everything else about it is the operator's."""
+
+    def __init__(self, operator: object, op: str):
+        self._operator, self._op = operator, op
+
+    def __call__(self, *args, **kwargs):
+        if _depth():
+            return self._operator(*args, **kwargs)
+        seq = _begin(self._op, args[0] if args else None, None, blocking=True,
+                     via=OPERATOR_VIA)
+        result = _inner(self._operator, *args, **kwargs)
+        emit({"e": "done", "seq": seq, "t": time.monotonic()})
+        return result
+
+    def __getattr__(self, name: str):
+        value = getattr(self._operator, name)
+        return _RecordedOperator(value, self._op) if isinstance(
+            value, torch._ops.OpOverload) else value
+
+
+def _install_operators() -> None:
+    for space in OPERATOR_SPACES:
+        try:
+            namespace = getattr(torch.ops, space)
+        except (AttributeError, RuntimeError):
+            continue
+        for name, op in OPERATORS.items():
+            try:
+                operator = getattr(namespace, name)
+            except (AttributeError, RuntimeError):  # not in this torch
+                continue
+            setattr(namespace, name, _RecordedOperator(operator, op))
+
+
 def _install_functional() -> None:
     try:
         import torch.distributed._functional_collectives as funcol
@@ -589,6 +640,7 @@ def install() -> None:
                 setattr(module, name, wrapped)
     _install_methods()
     _install_functional()
+    _install_operators()
     _installed = True
 
 
