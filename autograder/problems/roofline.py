@@ -323,14 +323,19 @@ class SimulatedGPU:
         returned = time.perf_counter()
         new = self._finished[self._synchronized:]
         self._synchronized = len(self._finished)
-        if len(new) == 1 and new[0][0] in ("steady", "slow"):  # one warm run on its own
+        # One run on its own, after the first: the runs a timer that synchronises each one
+        # takes its median of. The cold ones count as the slowed ones do: a timer that
+        # warmed up once has them among its samples, and on a busy machine the median of
+        # its samples sits that much higher among the steady runs.
+        if len(new) == 1 and new[0][0] in ("steady", "slow", "cold"):
             _, _, queued_at = new[0]
             self._runs_s.append(returned - queued_at)
 
     def one_run_s(self) -> float:
-        """What one run takes here, as a right timer measures it: the median of the warm
-        runs it synchronised one at a time, slowed ones included, as its own median
-        includes them (else the steady kernels' busy time, else the nominal time)."""
+        """What one run takes here, as a right timer measures it: the median of the runs
+        after the first that it synchronised one at a time, cold and slowed ones included,
+        as its own median includes them (else the steady kernels' busy time, else the
+        nominal time)."""
         if self._runs_s:
             return statistics.median(self._runs_s)
         busy = [b for kind, b, _ in self._finished if kind == "steady"]
