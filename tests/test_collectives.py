@@ -24,7 +24,7 @@ from mutants import mutant
 
 from rooflab.autograder import check, get_problem
 from rooflab.autograder.problems.collectives import EXACT_NOTE, ring_order
-from rooflab.autograder.ranks import launch
+from rooflab.autograder.ranks import forkserver, launch
 from rooflab.kernels import collectives
 from rooflab.kernels.collectives import ring_allreduce
 
@@ -61,6 +61,7 @@ class Watch:
     def left_behind(self) -> list[int]:
         self._stop.set()
         self._thread.join()
+        self.pids.discard(forkserver.running())  # seen while it started, before it was known
         return [pid for pid in self.pids if not gone(pid)] + alive_with(self.mark)
 
 
@@ -75,10 +76,12 @@ def watch(monkeypatch) -> Watch:
 
 def alive_with(mark: str) -> list[int]:
     """Processes whose environment carries ``mark`` (this process's own, read from
-    /proc, is the one it started with, so it is never among them)."""
+    /proc, is the one it started with, so it is never among them), but for this process's
+    fork server, which is there to outlive a launch (``test_forkserver.py`` tests it)."""
     found = []
+    server = forkserver.running()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) != server:
             try:
                 if mark.encode() in (entry / "environ").read_bytes():
                     found.append(int(entry.name))
@@ -327,7 +330,8 @@ def test_a_deadlock_is_stopped_at_the_time_limit_and_reported_rank_by_rank(watch
         assert f"rank {rank} blocked in send to rank {(rank + 1) % 4} at step 0" in message
     assert "dist.send(chunks[(rank - step) % world], right)" in message  # the line
     assert "Post the send and the receive together" in message
-    assert len(watch.pids) >= 5 and not watch.left_behind()  # the launcher and 4 ranks
+    left = watch.left_behind()
+    assert len(watch.pids) >= 5 and not left  # the launcher and 4 ranks
 
 
 def test_an_exception_on_rank_2_is_reported_with_its_traceback(watch):
@@ -365,7 +369,8 @@ def test_an_interrupted_check_leaves_no_process(watch):
             grade(spec_with(2), collectives.ring_allreduce_deadlock, time_limit=0)
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert len(watch.pids) == 3 and not watch.left_behind()
+    left = watch.left_behind()
+    assert len(watch.pids) == 3 and not left
 
 
 def test_every_process_of_a_launch_is_reaped_after_a_crash_and_a_hang():

@@ -10,6 +10,8 @@ NCCL on a multi-GPU machine. The modules, in the order a check goes through them
   cell, which no other process can import);
 * ``launch.py``: from the grader's side, start the launcher, wait, kill its process
   group, read back the runs; the grader never joins a process group itself;
+* ``forkserver.py``: a warm process, one per grader, that has imported torch and forks
+  each launcher, so that a check does not spend seconds importing it again;
 * ``launcher.py``: the one process that imports torch and forks the ranks of each case,
   keeps each case's time limit and reaps every rank;
 * ``rank.py``: one rank: join the group, call the function, save its answer;

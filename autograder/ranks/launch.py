@@ -1,7 +1,9 @@
 """Run a function on N ranks for each case, from the grader's side, and read back the runs.
 
-``run`` writes a job folder (the pickled function, each case's inputs per rank), starts
-the launcher (``launcher.py``) in a session of its own, and waits. The launcher forks the
+``run`` writes a job folder (the pickled function, each case's inputs per rank), has the
+launcher (``launcher.py``) started in a process group of its own, forked by this
+process's warm fork server (``forkserver.py``) or, where there is none, as a fresh Python,
+and waits. The launcher forks the
 ranks of each case, keeps each case's time limit and reaps its ranks; this side only
 keeps an outer limit, for a launcher that never gets going (a learner's module that loops
 when imported). However the wait ends (done, the outer limit, a KeyboardInterrupt from
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from . import record, transport
+from . import forkserver, record, transport
 
 # Importing torch and loading the function in the launcher: several seconds on a busy
 # 2-core machine. Only a launcher that never starts meets this limit.
@@ -108,22 +110,18 @@ def _run(job: Path, payload: bytes, cases, limit: float, join_limit: float,
     for index, (_, inputs) in enumerate(cases):
         (job / f"case{index}").mkdir()
         torch.save(list(inputs), job / f"case{index}" / "inputs.pt")
-    (job / "job.json").write_text(json.dumps({
-        "cases": [{"world": world} for world, _ in cases], "limit": limit,
-        "join_limit": join_limit, "grace": grace, "parent": os.getpid(),
-        "preload": list(preload),
-        "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]}))
-    outer = START_S + SLACK_S + len(cases) * (join_limit + limit + grace) \
-        if limit > 0 else None
     # The ranks are gloo processes on CPU tensors in both worlds. Hidden GPUs keep the
     # launcher from initialising CUDA (importing rooflab asks torch for the device) and
     # then forking, which CUDA does not survive, and keep its memory off the card.
     environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    with open(job / "launcher.out", "wb") as output:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "rooflab.autograder.ranks.launcher", str(job)],
-            stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=environment,
-            start_new_session=True)
+    (job / "job.json").write_text(json.dumps({
+        "cases": [{"world": world} for world, _ in cases], "limit": limit,
+        "join_limit": join_limit, "grace": grace, "parent": os.getpid(),
+        "preload": list(preload), "cwd": os.getcwd(), "environment": environment,
+        "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]}))
+    outer = START_S + SLACK_S + len(cases) * (join_limit + limit + grace) \
+        if limit > 0 else None
+    launcher = forkserver.launcher(job, environment) or _Fresh(job, environment)
     late = False
     try:
         late = not _wait(launcher, outer)
@@ -132,43 +130,58 @@ def _run(job: Path, payload: bytes, cases, limit: float, join_limit: float,
     return _read(job, cases, limit, launcher.pid, late)
 
 
-def _wait(launcher: subprocess.Popen, seconds: float | None) -> bool:
-    """Wait for the launcher to exit, without reaping it (its pid, which names its process
-    group, stays taken until ``_end`` has killed the group). False at the time limit."""
+class _Fresh:
+    """A launcher started as a fresh Python, where no fork server can be had."""
+
+    def __init__(self, job: Path, environment: dict[str, str]):
+        with open(job / "launcher.out", "wb") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rooflab.autograder.ranks.launcher", str(job)],
+                stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=environment,
+                start_new_session=True)
+        self.pid = self.process.pid
+
+    def exited(self) -> bool:
+        """Without reaping it: its pid, which names its process group, stays taken until
+        ``_end`` has killed the group."""
+        if not hasattr(os, "waitid"):  # macOS: reap it; the group is still killed after
+            return self.process.poll() is not None
+        try:
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) \
+                is not None
+        except ChildProcessError:  # already reaped
+            return True
+
+    def release(self) -> None:
+        self.process.wait()
+
+
+def _wait(launcher: _Fresh | forkserver.Forked, seconds: float | None) -> bool:
+    """Wait for the launcher to exit. False at the time limit."""
     deadline = None if seconds is None else time.monotonic() + seconds
     while deadline is None or time.monotonic() < deadline:
-        if _exited(launcher):
+        if launcher.exited():
             return True
         time.sleep(POLL_S)
     return False
 
 
-def _exited(launcher: subprocess.Popen) -> bool:
-    if not hasattr(os, "waitid"):  # macOS: reap it; the group is still killed after
-        return launcher.poll() is not None
-    try:
-        return os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) \
-            is not None
-    except ChildProcessError:  # already reaped
-        return True
-
-
-def _end(launcher: subprocess.Popen) -> None:
+def _end(launcher: _Fresh | forkserver.Forked) -> None:
     """Stop the launcher if it still runs: SIGTERM first, on which it kills and reaps its
     ranks (orphans would stay zombies where init does not reap them). Then kill its whole
     process group (any rank still there, anything a rank started), and reap it."""
     try:
-        if not _exited(launcher):
-            launcher.send_signal(signal.SIGTERM)
+        if not launcher.exited():
+            os.kill(launcher.pid, signal.SIGTERM)
             deadline = time.monotonic() + TERM_S
-            while not _exited(launcher) and time.monotonic() < deadline:
+            while not launcher.exited() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
     finally:
         try:
             os.killpg(launcher.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        launcher.wait()
+        launcher.release()
 
 
 def _read(job: Path, cases, limit: float, launcher_pid: int, late: bool) -> Launch:

@@ -1,11 +1,12 @@
-"""The process that starts the ranks: ``python -m rooflab.autograder.ranks.launcher JOB``.
+"""The process that starts the ranks: ``python -m rooflab.autograder.ranks.launcher JOB``,
+or a child of the grader's fork server (``forkserver.py``) that runs ``main`` from here.
 
-The grader (a notebook's kernel, a test, ``rooflab check``) starts this one process in a
-session of its own and never joins a process group itself. The launcher imports torch and
-loads the learner's function once, then for each case forks one process per rank: a
-fork starts in milliseconds, where N fresh Pythons importing torch take seconds each
-(8 ranks on 2 cores: over 10 s). It forks before it has run any torch work, so there are
-no thread pools to inherit.
+The grader (a notebook's kernel, a test, ``rooflab check``) has this one process started
+in a process group of its own and never joins a process group itself. The launcher
+imports torch and loads the learner's function once, then for each case forks one process
+per rank: a fork starts in milliseconds, where N fresh Pythons importing torch take
+seconds each (8 ranks on 2 cores: over 10 s). It forks before it has run any torch work,
+so there are no thread pools to inherit.
 
 It also keeps time, as the ranks' parent: each case may take ``limit`` seconds once every
 rank has joined the process group. A rank that raises gives the others ``grace`` seconds
@@ -72,10 +73,17 @@ def _write(path: Path, data: dict) -> None:
     partial.replace(path)
 
 
-def main(job_folder: str) -> int:
+def main(job_folder: str, parent: int | None = None) -> int:
+    """The launcher's whole run. ``parent``: the process it must not outlive, where that is
+    not the grader (the fork server's child: the server)."""
     job_dir = Path(job_folder)
     job = json.loads((job_dir / "job.json").read_text())
-    stop_with_parent(job["parent"])
+    stop_with_parent(job["parent"] if parent is None else parent)
+    # A forked launcher has the server's environment and folder: the job's are the
+    # grader's of this moment (a fresh launcher has them already).
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["environment"])
     # The learner's modules, and the folder the grader runs in, for imports by name.
     sys.path[:0] = [entry for entry in job["sys_path"] if entry not in sys.path]
     if sys.platform.startswith("linux"):
