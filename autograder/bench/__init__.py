@@ -11,7 +11,8 @@ This package's own module is the registry and the run; its modules:
 
 * ``workload.py``: what a benchmark times, and the row each timing becomes;
 * one module per lab with its workloads: ``coalescing.py``, ``matmul.py``,
-  ``softmax.py``, ``attention.py``, ``topk.py``, ``kmeans.py``, ``amp.py``;
+  ``softmax.py``, ``attention.py``, ``topk.py``, ``sampling.py``, ``kmeans.py``,
+  ``amp.py``;
 * ``gate.py``: did a course kernel get slower, relative to the library, than its record?
 * ``cpu_ranks.py``, with ``collectives.py`` and ``fsdp.py``: the benchmarks on gloo ranks
   on this machine's CPU.
@@ -36,6 +37,7 @@ from .attention import attention_workloads
 from .coalescing import coalescing_workloads
 from .kmeans import kmeans_workloads
 from .matmul import matmul_workloads
+from .sampling import sampling_workloads
 from .softmax import softmax_workloads
 from .topk import topk_workloads
 from .workload import NotAvailable, Row, Workload
@@ -46,6 +48,7 @@ BENCHES: dict[str, Callable[[str], list[Workload]]] = {
     "softmax": softmax_workloads,
     "attention": attention_workloads,
     "topk": topk_workloads,
+    "sampling": sampling_workloads,
     "kmeans": kmeans_workloads,
     "amp": amp_workloads,
 }
