@@ -3,9 +3,12 @@
 The course's kernel passes, and so does a kernel written another way; each classic slip
 fails with its cause named, for 20 seeds. A check costs seconds in the interpreter, so the
 20 seeds go through the problem's own inputs, reference and comparison (the verdict on
-the draws, which is all ``check`` judges them by), with the slips written the library
-way (a sort, in plain torch: fast); each slip written in the kernel is graded by
-``check`` once, on the case that shows it.
+the draws, which is all ``check`` judges them by, without its trace and replay), on the
+case that shows each slip; ``check`` itself grades each kernel once. The slips are
+written twice: the library's way (a sort, in plain torch), and in the course's kernel.
+A draw that is not renormalised is in the first only: in the kernel (u not scaled by the
+kept mass after a rejection) it moves a few per cent of the draws, which a few hundred
+draws cannot tell from chance.
 """
 
 import mutants
@@ -158,7 +161,7 @@ def from_the_right(probs, top_p, uniforms):
 
 def test_a_kernel_written_another_way_passes():
     assert grade(only(SPEC, problem.PEAKED, problem.TIES), from_the_right).passed
-    assert causes_by_seed(TIES, from_the_right, range(5)) == [""] * 5
+    assert causes_by_seed(TIES, from_the_right) == [""] * 20
 
 
 KERNEL_SLIPS = [
@@ -177,12 +180,14 @@ KERNEL_SLIPS = [
 
 
 @pytest.mark.parametrize("name,spec,edits,cause", KERNEL_SLIPS, ids=[s[0] for s in KERNEL_SLIPS])
-def test_each_slip_in_the_kernel_fails_its_check_with_its_cause(tmp_path, name, spec, edits,
-                                                                 cause):
+def test_each_slip_in_the_kernel_fails_its_check_with_its_cause_for_20_seeds(
+        tmp_path, name, spec, edits, cause):
     slipped = mutants.mutant(tmp_path, "sampling", *edits,
                              name=f"mutant_sampling_{name.replace(' ', '_').replace(chr(39), '')}")
     result = grade(spec, slipped.top_p_sample, seed=1)
     assert not result.passed and cause in result.message(), result.message()
+    causes = causes_by_seed(spec, slipped.top_p_sample)
+    assert all(cause in found for found in causes), causes
 
 
 # --- how the draws are made: no sort, rows read about as often as the rounds need -------
