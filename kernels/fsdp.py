@@ -20,6 +20,12 @@ only while that layer computes. The ladder:
    parallelism's all-reduce (2·(N − 1)/N·Ψ).
 4. ``shard_layers(model, prefetch=True)``: the next layer's all-gather is issued before
    this layer computes, so the two overlap; at most two layers are whole at once.
+5. ``shard_layers(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``: the
+   mixed-precision policy of FSDP2's ``MixedPrecisionPolicy``. The shards, the parameters
+   the optimizer steps, stay fp32 (the master weights); each is cast to bf16 before it is
+   gathered, so the all-gathers move half the bytes and the blocks compute in bf16; their
+   bf16 gradients are cast to fp32 before the reduce-scatter, whose sum over N ranks
+   would lose bits in bf16.
 
 The same code runs on gloo processes on a CPU and under ``torchrun`` with NCCL. Every
 function is called on every rank, inside an initialised default process group, with the
@@ -73,8 +79,9 @@ class TinyTransformer(nn.Module):
 
 
 def loss_fn(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The mean squared error of the model's output: the mean over this rank's batch."""
-    return F.mse_loss(model(x), target)
+    """The mean squared error of the model's output: the mean over this rank's batch, in
+    fp32 whatever precision the model computes in."""
+    return F.mse_loss(model(x).float(), target)
 
 
 # --- 1. data parallel, by hand -----------------------------------------------------------------
@@ -153,9 +160,17 @@ class ShardedLayer:
     layer's own parameters are views of it, so the layer's forward runs unchanged and
     autograd, which keeps references to those views for backward, finds the weights again
     once ``gather`` has refilled the same storage.
+
+    ``param_dtype`` and ``reduce_dtype`` are a mixed-precision policy, FSDP2's: the whole
+    vector, and so the weights the layer computes with and their gradients, in
+    ``param_dtype`` (None: the parameters' own); the gradients reduce-scattered in
+    ``reduce_dtype`` (None: the gradients' own, as FSDP2 does). The shard keeps the
+    parameters' own dtype, fp32: the master weights.
     """
 
-    def __init__(self, layer: nn.Module, rank: int, world: int):
+    def __init__(self, layer: nn.Module, rank: int, world: int,
+                 param_dtype: torch.dtype | None = None,
+                 reduce_dtype: torch.dtype | None = None):
         self.layer, self.world = layer, world
         self.params = [p for p in layer.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
@@ -164,7 +179,8 @@ class ShardedLayer:
             flat = torch.cat([p.reshape(-1) for p in self.params])
             padded = F.pad(flat, (0, self.shard_numel * world - self.numel))
             self.shard = nn.Parameter(padded[rank * self.shard_numel:][:self.shard_numel].clone())
-            self.full = torch.empty_like(padded)
+            self.full = torch.empty_like(padded, dtype=param_dtype or padded.dtype)
+            self.reduce_dtype = reduce_dtype or self.full.dtype
             offset = 0
             for p in self.params:
                 p.data = self.full[offset:offset + p.numel()].view_as(p)
@@ -186,9 +202,11 @@ class ShardedLayer:
         ### BEGIN SOLUTION
         ### KEY
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
+        # The shard cast to the vector's dtype first (bf16 under the policy): the ranks
+        # send one another half the bytes. A no-op when the two are the same.
+        sent = self.shard.detach().to(self.full.dtype)
         # full or full.data alike: each parameter keeps its own version counter.
-        self.gathering = dist.all_gather_into_tensor(self.full.data, self.shard.detach(),
-                                                     async_op=async_op)
+        self.gathering = dist.all_gather_into_tensor(self.full.data, sent, async_op=async_op)
         ### END KEY
         ### END SOLUTION
         if not async_op:
@@ -210,17 +228,19 @@ class ShardedLayer:
 
     def reduce_gradients(self) -> None:
         """Once backward has produced every gradient of the layer: each rank receives the
-        mean over ranks of its own slice, as its shard's gradient. Then the whole
-        gradients and weights are freed."""
+        mean over ranks of its own slice, as its shard's gradient (in the shard's dtype).
+        Then the whole gradients and weights are freed."""
         ### BEGIN SOLUTION
         ### KEY
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        flat = F.pad(flat, (0, self.shard_numel * self.world - self.numel))
+        # In reduce_dtype (fp32 under the policy): a sum of N bf16 gradients loses bits.
+        flat = F.pad(flat.to(self.reduce_dtype), (0, self.shard_numel * self.world - self.numel))
         ### END KEY
-        mine = torch.empty_like(self.shard)
+        mine = torch.empty(self.shard_numel, dtype=self.reduce_dtype)
         ### KEY
         dist.reduce_scatter_tensor(mine, flat)
         mine /= self.world  # the mean: gloo has no ReduceOp.AVG (NCCL has)
+        mine = mine.to(self.shard.dtype)  # the master's dtype, for the optimizer
         ### END KEY
         if self.shard.grad is None:
             self.shard.grad = mine
@@ -232,16 +252,23 @@ class ShardedLayer:
         self.free()
 
 
-def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Parameter]:
+def shard_layers(model: TinyTransformer, prefetch: bool = False,
+                 param_dtype: torch.dtype | None = None,
+                 reduce_dtype: torch.dtype | None = None) -> list[nn.Parameter]:
     """Shard every block of ``model`` across the ranks (ZeRO-3) and return the shards,
     one flat parameter per block, for the optimizer: ``AdamW(shard_layers(model))``.
     Afterwards ``loss_fn(model, x, y).backward()`` works as before, leaves each shard's
     gradient as the mean over ranks, and leaves every block sharded. With ``prefetch``,
     each block's forward first issues the next block's all-gather, asynchronously, so that
     it arrives while this block computes; backward likewise gathers the block before.
+    With ``param_dtype`` (bf16, say), the blocks gather their weights and compute in it,
+    their inputs cast to it; with ``reduce_dtype``, the gradients are reduce-scattered in
+    it; the shards keep the model's dtype. FSDP2's ``MixedPrecisionPolicy``, in two
+    arguments.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    units = [ShardedLayer(block, rank, world) for block in model.blocks]
+    units = [ShardedLayer(block, rank, world, param_dtype, reduce_dtype)
+             for block in model.blocks]
     ### BEGIN SOLUTION
 
     ### KEY
@@ -255,6 +282,10 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False) -> list[nn.Para
             if prefetch and index + 1 < len(units):
                 units[index + 1].gather(async_op=True)
             ### END KEY
+            if param_dtype is not None:  # the block's input, in its weights' dtype
+                ### KEY
+                return tuple(a.to(param_dtype) for a in args)
+                ### END KEY
         return hook
 
     ### KEY

@@ -142,10 +142,9 @@ SUMMED = ("        mine /= self.world  # the mean: gloo has no ReduceOp.AVG (NCC
 ALL_REDUCED = ("        dist.reduce_scatter_tensor(mine, flat)\n",
                "        dist.all_reduce(flat)\n"
                "        mine.copy_(flat.chunk(self.world)[dist.get_rank()])\n")
-STALE = ("        self.gathering = dist.all_gather_into_tensor(self.full.data, "
-         "self.shard.detach(),\n",
+STALE = ("        sent = self.shard.detach().to(self.full.dtype)\n",
          "        self.initial = getattr(self, 'initial', self.shard.detach().clone())\n"
-         "        self.gathering = dist.all_gather_into_tensor(self.full.data, self.initial,\n")
+         "        sent = self.initial\n")
 ONE_TOO_MANY = ("        self.shard_numel = math.ceil(self.numel / world)\n",
             "        self.shard_numel = math.ceil(self.numel / world) + 1\n")
 BLOCKING_PREFETCH = ("                units[index + 1].gather(async_op=True)\n",

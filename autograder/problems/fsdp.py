@@ -106,8 +106,10 @@ def block_sizes(model: torch.nn.Module) -> list[int]:
 
 def _whole(block: torch.nn.Module) -> bool:
     """Whether the block holds whole weights or whole gradients: the memory that ZeRO-3
-    gives back between a block's uses."""
-    return any(t is not None and t.untyped_storage().nbytes() > 0
+    gives back between a block's uses. (A DTensor, FSDP2's sharded parameter or gradient,
+    is a shard, never whole.)"""
+    return any(t is not None and not hasattr(t, "to_local")
+               and t.untyped_storage().nbytes() > 0
                for p in block.parameters() for t in (p, p.grad))
 
 
@@ -215,7 +217,11 @@ def _step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn
     record.mark("backward", whole=sum(_whole(block) for block in model.blocks))
     loss.backward()
     record.mark("optimizer", whole=sum(_whole(block) for block in model.blocks))
-    square = sum(float(s.grad.double().square().sum()) for s in shards if s.grad is not None)
+    from rooflab.kernels.fsdp import _local
+
+    # This rank's part alone: a DTensor's own norm would be a collective of the grader's.
+    square = sum(float(_local(s.grad).double().square().sum()) for s in shards
+                 if s.grad is not None)
     missing = sum(s.grad is None for s in shards)
     optimizer.step()
     optimizer.zero_grad()
