@@ -86,7 +86,7 @@ browser-test: $(STAMP) book
 # parts one by one: `make gpu-test`, `make gpu-notebooks`, then
 # `make gpu-bench BENCHES="matmul attention"`.
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
-BENCHES ?= coalescing matmul softmax attention topk kmeans amp allreduce fsdp
+BENCHES ?= coalescing matmul softmax attention topk sampling kmeans amp allreduce fsdp
 gpu-check: gpu-test gpu-notebooks gpu-bench
 
 gpu-test:

@@ -28,8 +28,8 @@ from ..evidence.compare import CaseResult, Comparison
 from ..evidence.live_memory import freeze, live, refrozen
 from ..problem import Case, Cost, register
 from ..ranks import RanksProblem, record
+from ..ranks.report import forged_marks
 from .fsdp import make_model
-from .tensor_parallel import forged_marks
 
 BATCH, LENGTH = 2, 16
 RELATIVE = 1e-6

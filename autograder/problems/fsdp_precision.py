@@ -48,6 +48,7 @@ from ..problem import Case, Cost, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
 from ..ranks.record import RankLog
+from ..ranks.report import forged_marks
 from .fsdp import (
     ALL_GATHERS,
     LR,
@@ -65,7 +66,6 @@ from .fsdp import (
     memory_bound,
     memory_cause,
 )
-from .tensor_parallel import forged_marks
 
 PARAM_DTYPE, REDUCE_DTYPE, MASTER_DTYPE = torch.bfloat16, torch.float32, torch.float32
 STEPS = 3  # enough for the optimizer's steps to show in the losses; each costs the ranks

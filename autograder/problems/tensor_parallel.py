@@ -45,6 +45,7 @@ from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
 from ..ranks.record import Call, RankLog
+from ..ranks.report import forged_marks
 from .roofline import RTOL, close_count, real_number, told_apart
 
 BATCH = 2
@@ -314,18 +315,6 @@ def _numbers_advice(name: str, got: torch.Tensor, right: torch.Tensor, n: int,
 
 
 MARKS = ("weights", "forward", "backward", "after", "returned", "raised", "invalid")
-
-
-def forged_marks(log: RankLog, labels: tuple[str, ...]) -> str:
-    """"" when each of the harness's marks appears at most once in the rank's log, as the
-    harness writes them; else what the learner's code wrote besides."""
-    counts = Counter(m.label for m in log.marks if m.label in labels)
-    twice = [label for label, count in counts.items() if count > 1]
-    if twice:
-        return (f"rank {log.rank}'s log holds the grader's mark \"{twice[0]}\" "
-                f"{counts[twice[0]]} times: the grader writes it once, and marks written by "
-                "other code are refused")
-    return ""
 
 
 def _phase(log: RankLog, label: str, until: str | None) -> list[Call]:

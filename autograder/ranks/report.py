@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import linecache
 import signal
+from collections import Counter
 from pathlib import Path
 
 from ..course.build import is_stub_raise
@@ -439,3 +440,15 @@ def printed(case: CaseRun) -> list[str]:
         text = [line for line in run.printed.splitlines() if line.strip()][-3:]
         lines += [f"rank {run.rank} printed: {line}" for line in text]
     return lines
+
+
+def forged_marks(log: RankLog, labels: tuple[str, ...]) -> str:
+    """"" when each of the harness's marks appears at most once in the rank's log, as the
+    harness writes them; else what the learner's code wrote besides."""
+    counts = Counter(m.label for m in log.marks if m.label in labels)
+    twice = [label for label, count in counts.items() if count > 1]
+    if twice:
+        return (f"rank {log.rank}'s log holds the grader's mark \"{twice[0]}\" "
+                f"{counts[twice[0]]} times: the grader writes it once, and marks written by "
+                "other code are refused")
+    return ""
