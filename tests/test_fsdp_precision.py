@@ -104,7 +104,7 @@ BF16_MASTER = [("            self.shard = nn.Parameter(padded[rank * self.shard_
                 "[:self.shard_numel].clone())\n",
                 "            self.shard = nn.Parameter(padded[rank * self.shard_numel:]"
                 "[:self.shard_numel].clone().to(param_dtype or padded.dtype))\n")]
-SUMMED = [("        mine /= self.world  # the mean: gloo has no ReduceOp.AVG (NCCL has)\n", "")]
+SUMMED = [("        mine /= self.world  # the mean (older gloo builds lack ReduceOp.AVG)\n", "")]
 NOT_FREED = [("    def after_forward(index: int):\n        def hook(module, args, output):\n"
               "            units[index].free()\n",
               "    def after_forward(index: int):\n        def hook(module, args, output):\n"

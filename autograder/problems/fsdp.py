@@ -598,8 +598,8 @@ HINTS = ("Each block's parameters become one flat vector, padded to a multiple o
          "gather: full.untyped_storage().resize_(full.numel() * full.element_size()); "
          "self.gathering = dist.all_gather_into_tensor(full.data, shard.detach(), "
          "async_op=async_op). free: full.untyped_storage().resize_(0). reduce: flat = cat "
-         "of the grads, padded; reduce_scatter_tensor(mine, flat); mine /= N (gloo has no "
-         "ReduceOp.AVG); shard.grad = mine.")
+         "of the grads, padded; reduce_scatter_tensor(mine, flat); mine /= N (or op=ReduceOp.AVG, "
+         "where the backend has it); shard.grad = mine.")
 PREFETCH_HINTS = ("In block i's forward pre-hook: gather block i and wait for it, then "
                   "start block i + 1's gather with async_op=True and return. Block i + 1's "
                   "pre-hook then finds its vector on the way: gather() does nothing, wait() "
