@@ -393,7 +393,9 @@ def _compare_time(got: object, want: float) -> str:
     if 700 <= ratio <= 1400:
         return (f"returned {value:g}, about 1000× the kernel's {want:g} s: milliseconds? "
                 "Return seconds")
-    if ratio < 0.1:
+    # Under half of what the kernel takes: no noise in a median explains it (a busy machine
+    # has made one launch alone, unsynchronized, take 14% of the kernel's time).
+    if ratio < 0.5:
         why = ("far too fast: the clock stopped before the kernel finished "
                "(synchronize before reading the clock)")
     elif ratio > 1.25:
