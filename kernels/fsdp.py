@@ -239,7 +239,7 @@ class ShardedLayer:
         mine = torch.empty(self.shard_numel, dtype=self.reduce_dtype)
         ### KEY
         dist.reduce_scatter_tensor(mine, flat)
-        mine /= self.world  # the mean (older gloo builds lack ReduceOp.AVG)
+        mine /= self.world  # the mean: gloo had no ReduceOp.AVG before torch 2.7
         mine = mine.to(self.shard.dtype)  # the master's dtype, for the optimizer
         ### END KEY
         if self.shard.grad is None:

@@ -138,7 +138,7 @@ NO_FREE = ("    def after_forward(index: int):\n        def hook(module, args, o
            "            units[index].free()\n",
            "    def after_forward(index: int):\n        def hook(module, args, output):\n"
            "            pass\n")
-SUMMED = ("        mine /= self.world  # the mean (older gloo builds lack ReduceOp.AVG)\n", "")
+SUMMED = ("        mine /= self.world  # the mean: gloo had no ReduceOp.AVG before torch 2.7\n", "")
 ALL_REDUCED = ("        dist.reduce_scatter_tensor(mine, flat)\n",
                "        dist.all_reduce(flat)\n"
                "        mine.copy_(flat.chunk(self.world)[dist.get_rank()])\n")

@@ -104,7 +104,8 @@ BF16_MASTER = [("            self.shard = nn.Parameter(padded[rank * self.shard_
                 "[:self.shard_numel].clone())\n",
                 "            self.shard = nn.Parameter(padded[rank * self.shard_numel:]"
                 "[:self.shard_numel].clone().to(param_dtype or padded.dtype))\n")]
-SUMMED = [("        mine /= self.world  # the mean (older gloo builds lack ReduceOp.AVG)\n", "")]
+SUMMED = [("        mine /= self.world  # the mean: gloo had no ReduceOp.AVG before "
+           "torch 2.7\n", "")]
 NOT_FREED = [("    def after_forward(index: int):\n        def hook(module, args, output):\n"
               "            units[index].free()\n",
               "    def after_forward(index: int):\n        def hook(module, args, output):\n"
