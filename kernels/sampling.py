@@ -1,27 +1,37 @@
-"""Top-p (nucleus) sampling without sorting the vocabulary, as FlashInfer does it.
+"""Top-k and top-p (nucleus) sampling without sorting the vocabulary, as FlashInfer does it.
 
-A language model's next token is drawn from the **nucleus** of its probabilities: the
-most probable tokens whose mass, before each of them, is below ``top_p``, renormalised.
-The library way sorts every row (128 000 to 256 000 probabilities), takes a cumulative
-sum, cuts, and draws: a sort moves the row through memory several times and writes a
-sorted copy of it. Sampling needs none of that.
+A language model's next token is drawn from the most probable tokens of its row, cut two
+ways at once: the ``top_k`` most probable, and the **nucleus**, the most probable tokens
+whose mass before them is below ``top_p``; what both keep is renormalised and drawn from.
+The library way sorts every row (128 000 to 256 000 probabilities), counts and sums down
+the sorted row, cuts, and draws: a sort moves the row through memory several times and
+writes a sorted copy of it. Sampling needs none of that.
 
 **Rejection over a threshold.** Keep the tokens above a probability ``low`` (at first,
 all of them). Each round draws a token t from the kept ones, by inverse CDF with one
-uniform, then adds up the mass of the tokens more probable than t. If that is below
-``top_p``, t is in the nucleus: accept it. If not, no token as probable as t or less is
-in the nucleus: raise ``low`` to p_t and draw again. Conditioned on acceptance, the draw
-is exactly p restricted to the nucleus and renormalised (a draw from the kept tokens that
-lands in the nucleus is a draw from the nucleus); ``low`` rises strictly, so it ends, and
-each round accepts with probability at least ``top_p`` (the nucleus holds at least that
-mass, the kept tokens at most 1), so a few rounds do. A round reads the row twice at
-most: the draw, which can stop at its token, and the mass above it.
+uniform, then counts the tokens more probable than t and adds up their mass. If fewer
+than ``top_k`` are and their mass is below ``top_p``, t is kept by both cuts: accept it.
+If not, no token as probable as t or less is: raise ``low`` to p_t and draw again.
+Conditioned on acceptance, the draw is exactly p restricted to the kept set and
+renormalised (a draw from the kept tokens that lands in the set is a draw from the set);
+``low`` rises strictly, so it ends. A round reads the row twice at most: the draw, which
+can stop at its token, and the count and mass above it, one pass for both.
 
-Ties: a token is in the nucleus when the mass of the tokens *strictly* more probable is
-below ``top_p``, so tokens of equal probability are in or out together (a sort would cut
+How soon: the kept set is a prefix of the row by probability, of mass N (at least
+``top_p`` with top-p alone, at least top_k / V with top-k alone, the smaller of the two
+with both). A round accepts with probability N over the kept mass, and a rejection
+leaves a kept mass that is, in distribution, at most a uniform fraction of the last one
+(the mass above a token drawn in proportion to p). So the rounds are, in distribution,
+at most 1 + Poisson(ln 1/N), and a row gets -1 with odds at most P(Poisson(ln 1/N) >=
+ROUNDS): at ROUNDS = 32, below 1e-38 with top-p alone and top_p >= 0.45, 1e-10 with
+top_k = 50 of 128k tokens, 1e-6 at worst (top_k = 1 on a flat row of 128k, N = 1/V).
+
+Ties: a token is kept when the count and the mass of the tokens *strictly* more probable
+pass both cuts, so tokens of equal probability are in or out together (a sort would cut
 between them in whatever order it left them).
 
-``sort_top_p_sample`` is the library's way, for the benchmark and to compare draws with.
+``sort_top_k_top_p_sample`` is the library's way, for the benchmark and to compare draws
+with.
 """
 
 from __future__ import annotations
@@ -34,11 +44,12 @@ from rooflab.autograder.device import interpreter_enabled
 
 
 @triton.jit
-def top_p_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_p, stride_pm,
-                 stride_um, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+def top_k_top_p_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_k, top_p,
+                       stride_pm, stride_um, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
     """Program i draws one token for each of rows i·BLOCK_M … (i+1)·BLOCK_M - 1, walking
     each row in chunks of BLOCK_V; round r of a row uses its uniform r. A row that no
-    round accepted (odds (1 - top_p)**ROUNDS) gets -1."""
+    round accepted gets -1: the rounds a row needs are at most 1 + Poisson(ln 1/N), N the
+    mass both cuts keep, so 32 leave one row in a million undrawn at worst."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_start = probs_ptr + rows.to(tl.int64) * stride_pm  # past 2**31 on a big batch
     active = rows < M  # rows still drawing
@@ -71,19 +82,26 @@ def top_p_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_p, stride_p
         # Rounding can leave u · kept_mass at or past the last running sum: its token.
         drawn = tl.where(drawn < V, drawn, last)
         p_t = tl.load(row_start + drawn, mask=active, other=1.0)
-        # The mass of the tokens more probable than the one drawn.
+        # The mass of the tokens more probable than the one drawn, and how many they are:
+        # top-k costs one more sum in the same pass.
         above = tl.zeros((BLOCK_M,), tl.float32)
+        count = tl.zeros((BLOCK_M,), tl.int32)
         for start in range(0, V, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             p = tl.load(row_start[:, None] + cols[None, :],
                         mask=active[:, None] & (cols < V)[None, :], other=0.0)
             above += tl.sum(tl.where(p > p_t[:, None], p, 0.0), 1)
+            ### BEGIN SOLUTION
+            ### KEY
+            count += tl.sum((p > p_t[:, None]).to(tl.int32), 1)
+            ### END KEY
+            ### END SOLUTION
         ### BEGIN SOLUTION
         ### KEY
-        accept = active & (above < top_p)
+        accept = active & (above < top_p) & (count < top_k)
         token = tl.where(accept, drawn.to(tl.int64), token)
-        active = active & (above >= top_p)
-        # Rejected: no token as probable as the one drawn is in the nucleus.
+        active = active & ((above >= top_p) | (count >= top_k))
+        # Rejected: no token as probable as the one drawn passes both cuts.
         low = tl.where(active, p_t, low)
         kept_mass = tl.where(active, above, kept_mass)
         ### END KEY
@@ -92,10 +110,13 @@ def top_p_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_p, stride_p
     tl.store(out_ptr + rows, token, mask=rows < M)
 
 
-def top_p_sample(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
+def top_k_top_p_sample(probs: torch.Tensor, top_k: int, top_p: float,
+                       uniforms: torch.Tensor) -> torch.Tensor:
     """One token of each row of ``probs`` ([m, V] fp32, rows summing to 1), drawn from
-    its nucleus for ``top_p``, as int64 ids [m]. ``uniforms`` ([m, rounds] fp32, in
-    [0, 1)) are the randomness: round r of row i uses ``uniforms[i, r]``.
+    the tokens with fewer than ``top_k`` more probable than them and less than ``top_p``
+    of mass above them, as int64 ids [m] (top_k >= V: no top-k; top_p = 1: no top-p).
+    ``uniforms`` ([m, rounds] fp32, in [0, 1)) are the randomness: round r of row i uses
+    ``uniforms[i, r]``.
 
     Chunks of up to 4096 probabilities a row (1024 in the interpreter); where a row is
     shorter, several rows share a program. On a GPU, one program per row at a vocabulary
@@ -112,21 +133,24 @@ def top_p_sample(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> t
     # few hundred operations a round whatever their size): as many rows each as fit.
     tile = 1 << 18 if interpreted else 4096
     block_m = max(1, min(triton.next_power_of_2(m), tile // block_v))
-    top_p_kernel[(triton.cdiv(m, block_m),)](
-        probs, uniforms, out, m, v, uniforms.shape[1], top_p, probs.stride(0),
+    top_k_top_p_kernel[(triton.cdiv(m, block_m),)](
+        probs, uniforms, out, m, v, uniforms.shape[1], min(top_k, v), top_p, probs.stride(0),
         uniforms.stride(0), BLOCK_M=block_m, BLOCK_V=block_v,
         num_warps=min(16, max(4, block_m * block_v // 512)))
     return out
 
 
-def sort_top_p_sample(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor
-                      ) -> torch.Tensor:
-    """The library's way: sort each row, cut it where the mass before a token reaches
-    ``top_p``, renormalise, and draw by inverse CDF with ``uniforms[:, 0]``. It sorts and
-    writes [m, V] several times over (the sorted values, their order, their sum)."""
+def sort_top_k_top_p_sample(probs: torch.Tensor, top_k: int, top_p: float,
+                            uniforms: torch.Tensor) -> torch.Tensor:
+    """The library's way: sort each row, keep its first ``top_k`` tokens, cut them where
+    the mass before a token reaches ``top_p``, renormalise, and draw by inverse CDF with
+    ``uniforms[:, 0]``. It sorts and writes [m, V] several times over (the sorted values,
+    their order, their sum). A sort cuts between tied tokens where the rule keeps them
+    together: the draws differ only on rows that tie at an edge."""
     values, order = torch.sort(probs, dim=-1, descending=True)
     cumulative = values.cumsum(dim=-1)
-    kept = torch.where(cumulative - values < top_p, values, 0.0)
+    first_k = torch.arange(probs.shape[1], device=probs.device) < top_k
+    kept = torch.where(first_k & (cumulative - values < top_p), values, 0.0)
     # The first token of the sorted row whose running sum passes u times the kept mass.
     running = kept.cumsum(dim=-1)
     u = uniforms[:, :1] * running[:, -1:]

@@ -1,4 +1,5 @@
-"""Lab 05, exercise 4 (topk/top_p): top-p sampling without a sort, graded in distribution.
+"""Lab 05, exercise 4 (topk/sampling): top-k and top-p sampling without a sort, graded in
+distribution.
 
 The course's kernel passes, and so does a kernel written another way; each classic slip
 fails with its cause named, for 20 seeds. A check costs seconds in the interpreter, so the
@@ -8,7 +9,8 @@ case that shows each slip; ``check`` itself grades each kernel once. The slips a
 written twice: the library's way (a sort, in plain torch), and in the course's kernel.
 A draw that is not renormalised is in the first only: in the kernel (u not scaled by the
 kept mass after a rejection) it moves a few per cent of the draws, which a few hundred
-draws cannot tell from chance.
+draws cannot tell from chance. top_k = 1 is checked token for token: every draw the
+arg-max.
 """
 
 import mutants
@@ -24,10 +26,12 @@ from rooflab.autograder.bench.sampling import sampling_workloads
 from rooflab.autograder.problems import sampling as problem
 from rooflab.kernels import sampling
 
-SPEC = get_problem("topk/top_p")
+SPEC = get_problem("topk/sampling")
 PEAKED = only(SPEC, problem.PEAKED)
 TIES = only(SPEC, problem.TIES)
 FLAT = only(SPEC, problem.FLAT)
+K_BINDS = only(SPEC, problem.K_BINDS)
+TIES_AT_K = only(SPEC, problem.TIES_AT_K)
 CPU = torch.device("cpu")
 
 
@@ -39,7 +43,8 @@ def causes_by_seed(spec, candidate, seeds=range(20)) -> list[str]:
         cause = ""
         for index, case in enumerate(spec.cpu_cases):
             inputs = spec.make_inputs(case, torch.Generator().manual_seed(seed + index), CPU)
-            reference = spec.reference(inputs[0].double(), inputs[1], inputs[2].double())
+            reference = spec.reference(inputs[0].double(), inputs[1], inputs[2],
+                                       inputs[3].double())
             cause = cause or spec.compare(candidate(*inputs), reference)
         causes.append(cause)
     return causes
@@ -48,13 +53,16 @@ def causes_by_seed(spec, candidate, seeds=range(20)) -> list[str]:
 # --- the slips, the library's way --------------------------------------------------------
 
 
-def sorted_sampler(keep):
-    """Sort, keep the sorted tokens ``keep(values, mass_before, top_p)`` says, draw by
-    inverse CDF with the first uniform."""
+def sorted_sampler(keep=lambda v, b, t: b < t, first=lambda k: k):
+    """Sort, keep the sorted tokens ``keep(values, mass_before, top_p)`` says among the
+    ``first(top_k)``, draw by inverse CDF with the first uniform. By default the right
+    cuts, but a sort's: tied tokens cut in the order it left them."""
 
-    def sample(probs, top_p, uniforms):
+    def sample(probs, top_k, top_p, uniforms):
         values, order = torch.sort(probs, dim=-1, descending=True)
-        kept = torch.where(keep(values, values.cumsum(-1) - values, top_p), values, 0.0)
+        rank = torch.arange(probs.shape[1])
+        kept = torch.where(keep(values, values.cumsum(-1) - values, top_p) & (rank < first(top_k)),
+                           values, 0.0)
         running = kept.cumsum(-1)
         position = (running <= uniforms[:, :1] * running[:, -1:]).sum(-1, keepdim=True)
         return order.gather(-1, position.clamp_max(probs.shape[1] - 1)).squeeze(-1)
@@ -62,14 +70,14 @@ def sorted_sampler(keep):
     return sample
 
 
-def in_vocabulary_order(probs, top_p, uniforms):
+def in_vocabulary_order(probs, top_k, top_p, uniforms):
     """The nucleus taken as a prefix of the row as it lies, not by probability."""
     kept = torch.where(probs.cumsum(-1) - probs < top_p, probs, 0.0)
     running = kept.cumsum(-1)
     return (running <= uniforms[:, :1] * running[:, -1:]).sum(-1).clamp_max(probs.shape[1] - 1)
 
 
-def not_renormalised(probs, top_p, uniforms):
+def not_renormalised(probs, top_k, top_p, uniforms):
     """u over the whole mass, not the nucleus's: past it, the least probable nucleus token."""
     values, order = torch.sort(probs, dim=-1, descending=True)
     inside = values.cumsum(-1) - values < top_p
@@ -94,8 +102,15 @@ SLIPS = [
      "the nucleus has one token too many"),
     ("vocabulary order", FLAT, in_vocabulary_order, "whatever their ids"),
     ("not renormalised", PEAKED, not_renormalised, "One token takes most of the excess"),
-    ("ties cut by a sort", TIES, sorted_sampler(lambda v, b, t: b < t),
-     "tied tokens are in the nucleus or out of it together"),
+    ("ties cut by a sort", TIES, sorted_sampler(),
+     "tied tokens are in the nucleus or out of it together (the mass"),
+    ("top_k ignored", K_BINDS, sorted_sampler(first=lambda k: 1 << 30), "top_k is not applied"),
+    ("k + 1 tokens", K_BINDS, sorted_sampler(first=lambda k: k + 1),
+     "6 tokens drawn where top_k = 5"),
+    ("the k-th token left out", K_BINDS, sorted_sampler(first=lambda k: k - 1),
+     "the k-th token is left out"),
+    ("ties at the k-th place cut", TIES_AT_K, sorted_sampler(),
+     "tied tokens are in the nucleus or out of it together (the count"),
 ]
 
 
@@ -107,23 +122,39 @@ def test_each_slip_fails_with_its_cause_for_20_seeds(name, spec, sample, cause):
 
 def test_the_sort_based_sampler_is_right_where_no_tokens_tie():
     """The library's way, the bench's baseline: the comparison takes its draws, 20 seeds."""
-    assert causes_by_seed(PEAKED, sampling.sort_top_p_sample) == [""] * 20
+    spec = only(SPEC, problem.PEAKED, problem.TOP_K, problem.K_BINDS, problem.P_BINDS)
+    assert causes_by_seed(spec, sampling.sort_top_k_top_p_sample) == [""] * 20
 
 
 def test_the_course_kernel_draws_right_for_20_seeds():
-    spec = only(SPEC, problem.PEAKED, problem.TIES)
-    assert causes_by_seed(spec, sampling.top_p_sample) == [""] * 20
+    """Top-p alone, ties at its edge, top-k alone, and top-k cutting before top-p."""
+    spec = only(SPEC, problem.PEAKED, problem.TIES, problem.TOP_K, problem.K_BINDS)
+    assert causes_by_seed(spec, sampling.top_k_top_p_sample) == [""] * 20
+
+
+def test_top_k_of_1_is_greedy_for_20_seeds():
+    """Every draw the row's most probable token, whatever the rounds it took: the 20 seeds'
+    rows in one call (a call costs the interpreter about the same for 200 rows or 4000)."""
+    case = only(SPEC, problem.GREEDY).cpu_cases[0]
+    inputs = [SPEC.make_inputs(case, torch.Generator().manual_seed(seed), CPU)
+              for seed in range(20)]
+    probs = torch.cat([probs for probs, *_ in inputs])
+    uniforms = torch.cat([uniforms for *_, uniforms in inputs])
+    top_k, top_p = inputs[0][1:3]
+    assert top_k == 1
+    tokens = sampling.top_k_top_p_sample(probs, top_k, top_p, uniforms)
+    assert torch.equal(tokens, probs.argmax(-1))
 
 
 # --- the kernel written another way, and the slips in the kernel ------------------------
 
 
 @triton.jit
-def _from_the_right_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_p, stride_pm,
-                           stride_um, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+def _from_the_right_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_k, top_p,
+                           stride_pm, stride_um, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
     """Right, written otherwise: the draw runs from the row's end (a running sum from the
-    right), the rounds are a for loop, and the mass above the token is 1 minus the mass
-    at or below it."""
+    right), the rounds are a for loop, and the mass and count above the token are the
+    row's less those at or below it."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = rows < M
     low = tl.zeros((BLOCK_M,), tl.float32) - 1.0
@@ -141,34 +172,44 @@ def _from_the_right_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_p
             p_t = tl.sum(tl.where(cols[None, :] == drawn[:, None], p, 0.0), 1)
             below = tl.sum(tl.where(p <= p_t[:, None], p, 0.0), 1)
             above = tl.sum(p, 1) - below
-            token = tl.where(live & (above < top_p), drawn.to(tl.int64), token)
-            live = live & (above >= top_p)
+            at_or_below = (p <= p_t[:, None]) & (cols < V)[None, :]
+            count = V - tl.sum(at_or_below.to(tl.int32), 1)
+            passes = (above < top_p) & (count < top_k)
+            token = tl.where(live & passes, drawn.to(tl.int64), token)
+            live = live & (passes == 0)
             low = tl.where(live, p_t, low)
             mass = tl.where(live, above, mass)
     tl.store(out_ptr + rows, token, mask=rows < M)
 
 
-def from_the_right(probs, top_p, uniforms):
+def from_the_right(probs, top_k, top_p, uniforms):
     m, v = probs.shape
     out = torch.empty(m, dtype=torch.int64)
     block_v = triton.next_power_of_2(v)
     block_m = max(1, min(triton.next_power_of_2(m), (1 << 16) // block_v))
     _from_the_right_kernel[(triton.cdiv(m, block_m),)](
-        probs, uniforms, out, m, v, uniforms.shape[1], top_p, probs.stride(0),
+        probs, uniforms, out, m, v, uniforms.shape[1], top_k, top_p, probs.stride(0),
         uniforms.stride(0), BLOCK_M=block_m, BLOCK_V=block_v)
     return out
 
 
 def test_a_kernel_written_another_way_passes():
-    assert grade(only(SPEC, problem.PEAKED, problem.TIES), from_the_right).passed
-    assert causes_by_seed(TIES, from_the_right) == [""] * 20
+    assert grade(only(SPEC, problem.PEAKED, problem.TIES_AT_K), from_the_right).passed
+    assert causes_by_seed(only(SPEC, problem.TIES, problem.TIES_AT_K), from_the_right) == \
+        [""] * 20
 
 
 KERNEL_SLIPS = [
     ("top_p ignored", PEAKED,
-     [("accept = active & (above < top_p)", "accept = active"),
-      ("active = active & (above >= top_p)", "active = active & (above < 0)")],
+     [("accept = active & (above < top_p) & ", "accept = active & "),
+      ("active = active & ((above >= top_p) | ", "active = active & ((above < 0) | ")],
      "top_p is not applied"),
+    ("top_k ignored", K_BINDS,
+     [(" & (count < top_k)", ""), (" | (count >= top_k))", ")")],
+     "top_k is not applied"),
+    ("the token itself counted", K_BINDS,
+     [("count += tl.sum((p > p_t[:, None])", "count += tl.sum((p >= p_t[:, None])")],
+     "the k-th token is left out"),
     ("the token's own mass counted", PEAKED,
      [("above += tl.sum(tl.where(p > p_t[:, None]", "above += tl.sum(tl.where(p >= p_t[:, None]")],
      "the boundary is left out"),
@@ -184,9 +225,9 @@ def test_each_slip_in_the_kernel_fails_its_check_with_its_cause_for_20_seeds(
         tmp_path, name, spec, edits, cause):
     slipped = mutants.mutant(tmp_path, "sampling", *edits,
                              name=f"mutant_sampling_{name.replace(' ', '_').replace(chr(39), '')}")
-    result = grade(spec, slipped.top_p_sample, seed=1)
+    result = grade(spec, slipped.top_k_top_p_sample, seed=1)
     assert not result.passed and cause in result.message(), result.message()
-    causes = causes_by_seed(spec, slipped.top_p_sample)
+    causes = causes_by_seed(spec, slipped.top_k_top_p_sample)
     assert all(cause in found for found in causes), causes
 
 
@@ -194,15 +235,15 @@ def test_each_slip_in_the_kernel_fails_its_check_with_its_cause_for_20_seeds(
 
 
 def test_a_sort_on_the_host_is_named():
-    result = grade(PEAKED, sampling.sort_top_p_sample)
+    result = grade(PEAKED, sampling.sort_top_k_top_p_sample)
     assert not result.passed and "aten.sort" in result.message(), result.message()
 
 
 def test_reading_every_row_again_and_again_fails():
-    def four_times(probs, top_p, uniforms):
+    def four_times(probs, top_k, top_p, uniforms):
         for _ in range(3):
-            sampling.top_p_sample(probs, top_p, uniforms)
-        return sampling.top_p_sample(probs, top_p, uniforms)
+            sampling.top_k_top_p_sample(probs, top_k, top_p, uniforms)
+        return sampling.top_k_top_p_sample(probs, top_k, top_p, uniforms)
 
     result = grade(PEAKED, four_times)
     assert not result.passed and "reads each row" in result.message(), result.message()
@@ -216,11 +257,11 @@ def _copy_rows_kernel(src_ptr, dst_ptr, N, BLOCK: tl.constexpr):
 
 def test_a_copy_of_the_rows_beside_the_answer_fails():
     """A sorted copy is what a sort-based kernel writes; any copy of the rows shows it."""
-    def with_a_copy(probs, top_p, uniforms):
+    def with_a_copy(probs, top_k, top_p, uniforms):
         scratch = torch.empty_like(probs)
         _copy_rows_kernel[(triton.cdiv(probs.numel(), 65536),)](probs, scratch, probs.numel(),
                                                                  BLOCK=65536)
-        return sampling.top_p_sample(probs, top_p, uniforms)
+        return sampling.top_k_top_p_sample(probs, top_k, top_p, uniforms)
 
     result = grade(PEAKED, with_a_copy)
     assert not result.passed and "beside the answer" in result.message(), result.message()
@@ -230,7 +271,7 @@ def test_a_whole_row_in_one_load_fails_on_a_wide_vocabulary(tmp_path):
     whole = mutants.mutant(tmp_path, "sampling",
                            ("min(triton.next_power_of_2(v), 1024 if interpreted else 4096)",
                             "triton.next_power_of_2(v)"), name="mutant_sampling_whole_row")
-    result = grade(only(SPEC, problem.WIDE), whole.top_p_sample)
+    result = grade(only(SPEC, problem.WIDE), whole.top_k_top_p_sample)
     assert not result.passed and "in chunks of at most 4096" in result.message(), \
         result.message()
 
@@ -247,14 +288,28 @@ def test_expected_rounds_on_a_small_row():
 
 def test_the_bench_workloads_build_on_a_cpu_and_answer_in_nucleus():
     loads = sampling_workloads("cpu")  # nothing allocated yet
-    assert [load.shape for load in loads] == ["64x128256 top_p=0.9", "256x128256 top_p=0.9"]
+    assert [load.shape for load in loads] == ["64x128256 top_k=50 top_p=0.9",
+                                              "256x128256 top_k=50 top_p=0.9"]
     for load in loads:
         assert next(iter(load.kernels)).startswith("torch.sort")  # the baseline, first
         assert load.cost.bytes == int(load.shape.split("x")[0]) * (128256 * 4 + 12)
-    # The callables on a small input of the same kind: every token in its nucleus.
+    # The callables on a small input of the same kind: every token in its nucleus, the
+    # smallest nucleus value worked out as the bench does, with both cuts.
     probs = torch.softmax(torch.randn(4, 300) * 2, -1)
     values = probs.sort(-1, descending=True).values
-    smallest = torch.where(values.cumsum(-1) - values < 0.9, values, 2.0).min(-1).values
-    inputs = (probs, 0.9, torch.rand(4, 32), smallest)
+    inside = (torch.arange(300) < 50) & (values.cumsum(-1) - values < 0.9)
+    smallest = torch.where(inside, values, 2.0).min(-1).values
+    inputs = (probs, 50, 0.9, torch.rand(4, 32), smallest)
     for kernel in loads[0].kernels.values():
         assert torch.equal(kernel(*inputs), loads[0].reference(*inputs))
+
+
+def test_the_bench_cut_is_the_graders_where_tokens_tie_at_the_k_th_place():
+    """A sort keeps one of the tokens tied at the k-th place; the smallest value it keeps
+    is the smallest the grader's nucleus holds, so every tied token passes the check."""
+    probs = torch.tensor([[0.4, 0.2, 0.2, 0.2]])
+    values = probs.sort(-1, descending=True).values
+    inside = (torch.arange(4) < 2) & (values.cumsum(-1) - values < 1.0)
+    smallest = torch.where(inside, values, 2.0).min(-1).values
+    reference = problem._reference(probs.double(), 2, 1.0, None)
+    assert torch.equal(probs[0] >= smallest, torch.from_numpy(reference.rows[0].nucleus))

@@ -1,22 +1,24 @@
-"""Lab 05 — top-p (nucleus) sampling without a sort. One token per row of probabilities,
-drawn from the row's nucleus for ``top_p`` and renormalised, with the uniforms the grader
-hands over (``uniforms[i, r]`` for round r of row i).
+"""Lab 05 — top-k and top-p sampling without a sort. One token per row of probabilities,
+drawn from the row's tokens that pass both cuts, renormalised, with the uniforms the
+grader hands over (``uniforms[i, r]`` for round r of row i).
 
 The answer is random, so it is graded in distribution. A case holds a few distinct rows,
 each repeated for many draws. The grader works out each row's nucleus exactly, in
-float64: a token is in when the mass of the tokens strictly more probable than it is
-below ``top_p`` (tokens of equal probability are in or out together). Then:
+float64: a token is in when fewer than ``top_k`` tokens are strictly more probable than
+it and their mass is below ``top_p`` (tokens of equal probability are in or out
+together; top_k >= V is no top-k, top_p = 1 no top-p). Then:
 
 1. every draw must be in its row's nucleus: one outside fails the case, with its cause
-   named where the draws show it (top_p not applied, the prefix taken in vocabulary
-   order, one token too many);
+   named where the draws show it (top_k or top_p not applied, the prefix taken in
+   vocabulary order, one token too many, by mass or by count);
 2. the counts of each row's draws must fit p restricted to the nucleus, renormalised: a
    chi-square test over bins of at least 5 expected draws, failed below a p-value of
    1e-6 (a right kernel fails it about once in a million rows; over 20 seeds the slips
    it is there for came out at 1e-9 and below: a draw not renormalised, the boundary
-   left out, tied tokens cut apart);
+   left out, tied tokens cut apart; the k-th token left out and ties at the k-th place cut
+   came out at 1e-9 and below too);
 3. from the trace: the probabilities read about as often as rejection sampling needs
-   (a draw and the mass above it, per round, for the rounds its rows expect), nothing
+   (a draw and the count and mass above it, per round, for the rounds its rows expect), nothing
    written beside the answer (a sorted copy of the rows, a cumulative sum), and no load
    of more than 4096 probabilities of a row at once (a vocabulary of 128k does not fit
    one program: walk the row in chunks).
@@ -24,7 +26,7 @@ below ``top_p`` (tokens of equal probability are in or out together). Then:
 fp32 sums and the float64 reference may disagree about a token whose mass above lies
 within 1e-5 of ``top_p`` (on a vocabulary of 128k there are such tokens, of tiny
 probability): such a token may be drawn or not; every other one must be where the
-float64 reference puts it.
+float64 reference puts it. A count is exact: top_k has no margin.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ from ..evidence import poison
 from ..problem import Case, Cost, Draw, Hidden, Levels, Problem, Span, register
 from . import traced
 
-SIGNATURE = ("(probs: Tensor[m, V] fp32, top_p: float, uniforms: Tensor[m, rounds] fp32) "
-             "-> Tensor[m] int64: one token of each row, from its nucleus; round r of row i "
-             "uses uniforms[i, r]")
-ROUNDS = 32  # uniforms per row: each round accepts with probability >= top_p
+SIGNATURE = ("(probs: Tensor[m, V] fp32, top_k: int, top_p: float, uniforms: Tensor[m, "
+             "rounds] fp32) -> Tensor[m] int64: one token of each row, from its nucleus; "
+             "round r of row i uses uniforms[i, r]")
+# Uniforms per row. The rounds a row needs are at most 1 + Poisson(ln 1/N), N the mass
+# kept (kernels/sampling.py): 32 leave -1 in fewer than one row in 1e38 at top_p >= 0.45,
+# one in a million at worst, with top_k = 1 on a flat row of 128k.
+ROUNDS = 32
 MARGIN = 1e-5  # a token whose mass above is this close to top_p may be in or out
 P_VALUE = 1e-6  # a row's draws fail the chi-square test below this
 CHUNK = 4096  # the most probabilities of one row a load may touch
@@ -54,6 +59,11 @@ SORTING_OPS = frozenset({"sort", "argsort", "topk", "kthvalue", "msort", "multin
 PEAKED = "peaked rows: a few probable tokens, in random vocabulary order"
 FLAT = "flat rows: a nucleus of most of the vocabulary"
 TIES = "tied probabilities across the nucleus's edge"
+TOP_K = "peaked rows, top-k alone: top_p = 1"
+GREEDY = "top_k = 1: every draw the most probable token"
+K_BINDS = "flat rows, top-k and top-p: top_k cuts first"
+P_BINDS = "peaked rows, top-k and top-p: top_p cuts first"
+TIES_AT_K = "tied probabilities at the k-th place"
 WIDE = "a vocabulary wider than a chunk"
 STRIDED = "rows of a wider tensor (stride > V)"
 TIMED = "one draw per row, timed"
@@ -64,6 +74,12 @@ TIMED = "one draw per row, timed"
 
 def _top_p(case: Case) -> float:
     return case.sizes["top_p_pct"] / 100
+
+
+def _count_above(p: torch.Tensor) -> torch.Tensor:
+    """For each token of the 1-D ``p``, how many tokens are strictly more probable."""
+    values = p.sort(descending=True).values
+    return torch.searchsorted(-values, -p, side="left")
 
 
 def _mass_above(p: torch.Tensor) -> torch.Tensor:
@@ -80,23 +96,23 @@ def _mass_above(p: torch.Tensor) -> torch.Tensor:
 
 def _row(case: Case, v: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     """One row of probabilities of the case's kind, fp32, summing to 1."""
-    if case.note == TIES:  # 0.3, then four tied at 0.1 straddling top_p, then the rest
+    if case.note in (TIES, TIES_AT_K):  # 0.3, four tied at 0.1 across the edge, the rest
         rest = torch.softmax(torch.randn(v - 5, generator=gen, device=device) * 0.5, 0) * 0.3
         row = torch.cat([torch.tensor([0.3, 0.1, 0.1, 0.1, 0.1], device=device), rest])
         return row[torch.randperm(v, generator=gen, device=device)].float()
-    if case.note == PEAKED:  # each token about 0.6 times as probable as the one before
+    if case.note in (PEAKED, TOP_K, P_BINDS):  # each token about 0.6 times the one before
         logits = -0.5 * torch.arange(v, device=device) \
             + 0.3 * torch.randn(v, generator=gen, device=device)
         logits = logits[torch.randperm(v, generator=gen, device=device)]
     else:
-        scale = 0.7 if case.note == FLAT else 2.0
+        scale = 0.7 if case.note in (FLAT, GREEDY, K_BINDS) else 2.0
         logits = torch.randn(v, generator=gen, device=device) * scale
     return torch.softmax(logits, 0)
 
 
 def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
     """The case's distinct rows, each repeated ``draws`` times, in a [rows * draws, V]
-    fp32 tensor (a view with a wider stride for STRIDED), top_p, and the uniforms."""
+    fp32 tensor (a view with a wider stride for STRIDED), top_k, top_p, and the uniforms."""
     v, distinct, draws = case.sizes["v"], case.sizes["rows"], case.sizes["draws"]
     rows = [_row(case, v, gen, device) for _ in range(distinct)]
     probs = torch.stack(rows).repeat_interleave(draws, 0)
@@ -105,7 +121,7 @@ def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
         wide[:, :v] = probs
         probs = wide[:, :v]
     uniforms = torch.rand(probs.shape[0], ROUNDS, generator=gen, device=device)
-    return probs, _top_p(case), uniforms
+    return probs, case.sizes["top_k"], _top_p(case), uniforms
 
 
 def _cost(case: Case) -> Cost:
@@ -121,15 +137,32 @@ class Row:
     """One distinct row of a case, and what its draws should look like."""
 
     p: np.ndarray  # float64, [V]
-    nucleus: np.ndarray  # bool, [V]: the mass of the tokens more probable is below top_p
-    allowed: np.ndarray  # bool, [V]: the nucleus, and the tokens within MARGIN of its edge
+    within_k: np.ndarray  # bool, [V]: fewer than top_k tokens are more probable
+    within_p: np.ndarray  # bool, [V]: the mass of the tokens more probable is below top_p
+    allowed_p: np.ndarray  # bool, [V]: within_p, and the tokens within MARGIN of its edge
     first: int  # its first row in the batch
     draws: int
+
+    @property
+    def nucleus(self) -> np.ndarray:
+        """The tokens both cuts keep: a prefix of the row by probability, ties together."""
+        return self.within_k & self.within_p
+
+    @property
+    def allowed(self) -> np.ndarray:
+        """The nucleus, and the tokens whose mass above is within MARGIN of top_p."""
+        return self.within_k & self.allowed_p
+
+    @property
+    def cut_by_k(self) -> bool:
+        """Whether top_k cuts the row shorter than top_p does."""
+        return bool((self.within_p & ~self.within_k).any())
 
 
 @dataclass
 class Reference:
     rows: list[Row]
+    top_k: int
     top_p: float
     v: int
     m: int
@@ -137,9 +170,10 @@ class Reference:
 
 def expected_rounds(p: np.ndarray, nucleus: np.ndarray) -> float:
     """The mean number of rounds of rejection sampling on ``p``: from the kept tokens
-    (every one at first), a round draws t; it ends if t is in the nucleus, else the
-    next round keeps the tokens more probable than t. Worked out over prefixes of the
-    row sorted by probability (a kept set is always one)."""
+    (every one at first), a round draws t; it ends if t is in the nucleus (both cuts keep
+    it), else the next round keeps the tokens more probable than t. Worked out over
+    prefixes of the row sorted by probability: a kept set is always one, and so is the
+    nucleus, whichever cut ends it."""
     order = np.argsort(-p, kind="stable")
     values = p[order]
     inside = int(nucleus.sum())
@@ -155,14 +189,17 @@ def expected_rounds(p: np.ndarray, nucleus: np.ndarray) -> float:
     return float(rounds[len(p)])
 
 
-def _reference(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> Reference:
+def _reference(probs: torch.Tensor, top_k: int, top_p: float, uniforms: torch.Tensor
+               ) -> Reference:
     distinct, counts = torch.unique_consecutive(probs, dim=0, return_counts=True)
     rows, first = [], 0
     for p, count in zip(distinct, counts.tolist(), strict=True):
         above = _mass_above(p).cpu().numpy()
-        rows.append(Row(p.cpu().numpy(), above < top_p, above < top_p + MARGIN, first, count))
+        within_k = _count_above(p).cpu().numpy() < top_k
+        rows.append(Row(p.cpu().numpy(), within_k, above < top_p, above < top_p + MARGIN,
+                        first, count))
         first += count
-    return Reference(rows, top_p, probs.shape[1], probs.shape[0])
+    return Reference(rows, top_k, top_p, probs.shape[1], probs.shape[0])
 
 
 # --- comparing draws with it, and naming the classic slips --------------------------------
@@ -193,42 +230,72 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> tuple[float, int, fl
     return statistic, dof, p_value
 
 
-def _outside_cause(row: Row, index: int, counts: np.ndarray, top_p: float) -> str:
+def _cuts(reference: Reference) -> str:
+    return f"top_k = {reference.top_k}, top_p = {reference.top_p:g}"
+
+
+def _follows(row: Row, counts: np.ndarray, weights: np.ndarray) -> bool:
+    """Whether the draws, some outside the nucleus, follow ``weights`` (p on a wider set)
+    instead: at least 20 draws expected outside, the share outside within 3 sigma, and a
+    chi-square test of the counts against it at 1e-3."""
+    if bool((counts[weights == 0] > 0).any()):
+        return False
+    out_mass = float(weights[~row.nucleus].sum() / weights.sum())
+    share = float(counts[~row.nucleus].sum()) / row.draws
+    return out_mass * row.draws >= 20 and \
+        abs(share - out_mass) <= 3 * np.sqrt(out_mass * (1 - out_mass) / row.draws) and \
+        chi_square(counts, weights / weights.sum() * row.draws)[2] >= 1e-3
+
+
+def _outside_cause(row: Row, index: int, counts: np.ndarray, reference: Reference) -> str:
     """Draws outside the nucleus: which, and the cause the draws show, if any."""
-    p, nucleus = row.p, row.nucleus
+    p, nucleus, top_k, top_p = row.p, row.nucleus, reference.top_k, reference.top_p
     outside = np.flatnonzero((counts > 0) & ~row.allowed)
     worst = outside[np.argmax(counts[outside])]
     head = (f"row {index} (rows {row.first}..{row.first + row.draws - 1}): drew token "
             f"{worst} (p = {p[worst]:.4g}) {int(counts[worst])} times, outside the nucleus "
-            f"of top_p = {top_p:g} ({int(nucleus.sum())} tokens, the most probable ones "
-            "whose mass before them is below top_p)")
+            f"of {_cuts(reference)} ({int(nucleus.sum())} tokens: the most probable ones, with "
+            "fewer than top_k tokens and less than top_p of mass before them)")
     out_mass = float(p[~nucleus].sum())
     drawn_out = int(counts[~nucleus].sum())
-    in_vocab_order = np.cumsum(p) - p < top_p  # a prefix of the row as it lies
+    # A prefix of the row as it lies, cut the same two ways.
+    in_vocab_order = (np.cumsum(p) - p < top_p) & (np.arange(len(p)) < top_k)
     unseen = nucleus & ~in_vocab_order  # nucleus tokens past that prefix
     expected_there = float(p[unseen].sum() / p[nucleus].sum()) * row.draws
     if bool(in_vocab_order[counts > 0].all()) and counts[unseen].sum() == 0 and \
             expected_there >= 10:
         return (f"{head}. Every draw lies in the first tokens of the row in vocabulary order "
-                "whose mass before them is below top_p, and the nucleus tokens past them never "
-                f"came, where {expected_there:.0f} draws were expected: the nucleus is the "
-                "most probable tokens, whatever their ids")
+                "that the cuts keep, and the nucleus tokens past them never came, where "
+                f"{expected_there:.0f} draws were expected: the nucleus is the most probable "
+                "tokens, whatever their ids")
     most_probable_out = int(np.argmax(np.where(nucleus, -1.0, p)))
     others = (out_mass - p[worst]) / out_mass * drawn_out  # if the whole row were drawn
     if len(outside) == 1 and worst == most_probable_out and drawn_out >= 5 and others >= 5:
+        if row.within_p[worst]:  # top_k alone leaves it out
+            return (f"{head}. It is the most probable token outside, and the only one drawn: "
+                    f"{top_k + 1} tokens drawn where top_k = {top_k}. A token is in when fewer "
+                    "than top_k tokens are more probable than it (the count before it, not "
+                    "with it)")
         return (f"{head}. It is the most probable token outside, and the only one drawn: the "
                 "nucleus has one token too many. A token is in when the mass of the tokens "
                 "more probable than it is below top_p (the mass before it, not with it)")
     beyond = float(p[~in_vocab_order].sum()) * row.draws  # if the whole row were drawn
-    share = drawn_out / row.draws
-    # Named only where the draws can tell: at least 20 expected outside.
-    whole = out_mass * row.draws >= 20 and \
-        abs(share - out_mass) <= 3 * np.sqrt(out_mass * (1 - out_mass) / row.draws) and \
-        chi_square(counts, p * row.draws)[2] >= 1e-3
-    if whole and beyond >= 5 and counts[~in_vocab_order].sum() > 0:
-        return (f"{head}. {share:.0%} of the draws are outside, and they "
-                f"follow the whole distribution (which puts {out_mass:.0%} of its mass "
-                "there): top_p is not applied")
+    if beyond < 5 or counts[~in_vocab_order].sum() == 0:
+        return head
+    # Named only where the draws can tell: each wider set the draws may follow instead.
+    whole = np.ones_like(nucleus)
+    wider = [(row.allowed_p, "the top-p nucleus", "top_k is not applied"),
+             (row.within_k, "the whole row" if row.within_k.all() else "the top k",
+              "top_p is not applied"),
+             (whole, "the whole row", "neither top_k nor top_p is applied")]
+    seen = [nucleus]
+    for kept, follows, cause in wider:
+        if any(np.array_equal(kept, other) for other in seen):
+            continue
+        seen.append(kept)
+        if _follows(row, counts, np.where(kept, p, 0.0)):
+            return (f"{head}. {drawn_out / row.draws:.0%} of the draws are outside, and they "
+                    f"follow {follows}, p renormalised: {cause}")
     return head
 
 
@@ -238,11 +305,19 @@ def _missing_cause(row: Row, counts: np.ndarray, expected: np.ndarray) -> str:
     p, nucleus = row.p, row.nucleus
     edge = nucleus & (p <= p[nucleus].min())
     if bool((counts[edge] == 0).all()) and expected[edge].sum() >= 15:
-        return (f"its least probable nucleus token{'s' if edge.sum() > 1 else ''} "
+        plural = "s" if edge.sum() > 1 else ""
+        head = (f"its least probable nucleus token{plural} "
                 f"({', '.join(str(t) for t in np.flatnonzero(edge))}) never came, where "
-                f"{expected[edge].sum():.0f} draws were expected: the boundary is left out. A "
-                "token is in when the mass of the tokens strictly more probable than it is "
-                "below top_p: its own mass does not count, nor that of tokens tied with it")
+                f"{expected[edge].sum():.0f} draws were expected")
+        if row.cut_by_k:
+            return (f"{head}: the k-th token is left out. A token is in when fewer than "
+                    "top_k tokens are strictly more probable than it: it does not count "
+                    "itself, nor tokens tied with it")
+        return (f"{head}: the boundary is left out. A token is in when the mass of the tokens "
+                "strictly more probable than it is below top_p: its own mass does not count, "
+                "nor that of tokens tied with it")
+    decides = "the count of tokens strictly above them decides" if row.cut_by_k else \
+        "the mass strictly above them decides"
     for value in np.unique(p[nucleus]):
         tied = nucleus & (p == value)
         missing = tied & (counts == 0) & (expected >= 15)
@@ -250,15 +325,14 @@ def _missing_cause(row: Row, counts: np.ndarray, expected: np.ndarray) -> str:
             return (f"of the {int(tied.sum())} tokens tied at p = {value:.4g}, "
                     f"{', '.join(str(t) for t in np.flatnonzero(missing))} never came while "
                     "the others did: tied tokens are in the nucleus or out of it together "
-                    "(the mass strictly above them decides), not cut in the order a sort "
-                    "left them")
+                    f"({decides}), not cut in the order a sort left them")
     return ""
 
 
-def _row_cause(row: Row, index: int, tokens: np.ndarray, top_p: float) -> str:
+def _row_cause(row: Row, index: int, tokens: np.ndarray, reference: Reference) -> str:
     counts = np.bincount(tokens, minlength=len(row.p)).astype(np.float64)
     if bool((counts[~row.allowed] > 0).any()):
-        return _outside_cause(row, index, counts, top_p)
+        return _outside_cause(row, index, counts, reference)
     expected = np.where(row.allowed, row.p, 0.0)
     expected *= row.draws / expected.sum()
     statistic, dof, p_value = chi_square(counts, expected)
@@ -281,6 +355,16 @@ def _row_cause(row: Row, index: int, tokens: np.ndarray, top_p: float) -> str:
     return line
 
 
+def _odds_of_no_token(reference: Reference, index: int) -> float:
+    """The most the odds can be that no round accepts on row ``index``: the rounds are at
+    most 1 + Poisson(ln 1/N), N the nucleus's mass (kernels/sampling.py says why)."""
+    row = next(row for row in reference.rows if row.first <= index < row.first + row.draws)
+    rate = torch.tensor(np.log(1 / row.p[row.nucleus].sum()), dtype=torch.float64)
+    # P(Poisson(rate) >= ROUNDS) = P(Gamma(ROUNDS) <= rate).
+    return max(float(torch.special.gammainc(torch.tensor(float(ROUNDS), dtype=torch.float64),
+                                            rate)), 1e-300)
+
+
 def compare(output: object, reference: Reference) -> str:
     """"" if the draws are right, else what is wrong and, where they show it, why."""
     if not isinstance(output, torch.Tensor):
@@ -296,12 +380,12 @@ def compare(output: object, reference: Reference) -> str:
     bad = np.flatnonzero((tokens < 0) | (tokens >= reference.v))
     if len(bad):
         return (f"row {bad[0]}: token {tokens[bad[0]]} is not a token id (V = {reference.v})"
-                + (f": no round accepted in the {ROUNDS} given, which happens once in "
-                   f"{1 / (1 - reference.top_p) ** ROUNDS:.0e} rows; is the acceptance test "
-                   "right?" if tokens[bad[0]] == -1 else ""))
+                + (f": no round accepted in the {ROUNDS} given, where the odds on this row are at "
+                   f"most {_odds_of_no_token(reference, bad[0]):.0e}; is the "
+                   "acceptance test right?" if tokens[bad[0]] == -1 else ""))
     wrong = [cause for index, row in enumerate(reference.rows)
              if (cause := _row_cause(row, index, tokens[row.first:row.first + row.draws],
-                                     reference.top_p))]
+                                     reference))]
     # The first row whose draws name a cause (". " follows what is wrong), else the first.
     return next((cause for cause in wrong if ". " in cause), wrong[0] if wrong else "")
 
@@ -330,12 +414,12 @@ def widest_row_load(launches: list, probs: torch.Tensor) -> int:
 def structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
     """From the trace: the kernels drew the tokens, read the rows about as often as
     rejection sampling needs, wrote nothing beside the answer, and walked rows in chunks."""
-    probs, top_p, _ = inputs
+    probs, top_k, top_p, uniforms = inputs
     if isinstance(output, torch.Tensor) and \
             traced.bytes_moved(launches, output, "store") < output.nbytes:
         return ("the tokens were not written by a kernel: the answer must come out of the "
                 "kernel's own stores")
-    reference = _reference(probs.double(), top_p, inputs[2])
+    reference = _reference(probs.double(), top_k, top_p, uniforms)
     row_bytes = probs.shape[1] * probs.element_size()
     reads = traced.bytes_moved(launches, probs, "load") / (probs.shape[0] * row_bytes)
     rounds = float(np.mean([expected_rounds(row.p, row.nucleus) for row in reference.rows]))
@@ -343,8 +427,9 @@ def structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
     if reads > allowed:
         return (f"reads each row {reads:.1f} times on average; rejection sampling needs about "
                 f"{2 * rounds:.1f} here (its rows expect {rounds:.2f} rounds, each a draw and "
-                "the mass above the token drawn, one read each), and {allowed:.1f} are "
-                "allowed. A sort, or a search of the threshold by bisection, reads far more")
+                "the count and mass above the token drawn, one read each), and "
+                f"{allowed:.1f} are allowed. A sort, or a search of the threshold by "
+                "bisection, reads far more")
     scratch = traced.requested(launches, "store") - traced.bytes_moved(launches, output,
                                                                         "store")
     if scratch > probs.shape[0] * row_bytes // 4:
@@ -361,59 +446,77 @@ def structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
 # --- the problem ------------------------------------------------------------------------
 
 
-def _case(v: int, rows: int, draws: int, top_p_pct: int, note: str, **fields) -> Case:
-    return Case({"v": v, "rows": rows, "draws": draws, "top_p_pct": top_p_pct},
-                torch.float32, note=note, **fields)
+def _case(v: int, rows: int, draws: int, top_k: int, top_p_pct: int, note: str,
+          **fields) -> Case:
+    """top_k >= v: no top-k; top_p_pct = 100: no top-p."""
+    return Case({"v": v, "rows": rows, "draws": draws, "top_k": top_k,
+                 "top_p_pct": top_p_pct}, torch.float32, note=note, **fields)
 
 
-def _sort_sample(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
-    from rooflab.kernels.sampling import sort_top_p_sample
+def _sort_sample(probs: torch.Tensor, top_k: int, top_p: float, uniforms: torch.Tensor
+                 ) -> torch.Tensor:
+    from rooflab.kernels.sampling import sort_top_k_top_p_sample
 
-    return sort_top_p_sample(probs, top_p, uniforms)
+    return sort_top_k_top_p_sample(probs, top_k, top_p, uniforms)
 
 
 register(Problem(
-    id="topk/top_p", title="Top-p sampling without a sort: rejection over a threshold",
+    id="topk/sampling", title="Top-k and top-p sampling without a sort",
     signature=SIGNATURE, make_inputs=_inputs, reference=_reference, cost=_cost,
     compare=compare, trace_check=structure, library_ops=SORTING_OPS,
-    solution="rooflab.kernels.sampling:top_p_sample",
+    solution="rooflab.kernels.sampling:top_k_top_p_sample",
     cpu_cases=[
-        _case(100, 3, 300, 70, PEAKED),
-        _case(256, 2, 300, 90, FLAT),
-        _case(64, 2, 400, 45, TIES),
-        _case(5000, 2, 32, 80, WIDE),
-        _case(300, 2, 100, 85, STRIDED),
+        _case(100, 3, 300, 100, 70, PEAKED),
+        _case(256, 2, 300, 256, 90, FLAT),
+        _case(64, 2, 400, 64, 45, TIES),
+        _case(100, 3, 300, 5, 100, TOP_K),
+        _case(256, 2, 100, 1, 90, GREEDY),
+        _case(128, 2, 400, 5, 90, K_BINDS),
+        _case(100, 2, 300, 20, 70, P_BINDS),
+        _case(64, 2, 400, 3, 100, TIES_AT_K),
+        _case(5000, 2, 32, 50, 80, WIDE),
+        _case(300, 2, 100, 1000, 85, STRIDED),
     ],
     gpu_cases=[
-        _case(32000, 4, 2048, 70, PEAKED),
-        _case(50257, 2, 2048, 90, FLAT),
-        _case(128256, 2, 1024, 45, TIES),
-        _case(151936, 2, 256, 80, WIDE),
-        _case(32000, 2, 1024, 85, STRIDED),
-        _case(128256, 256, 1, 90, TIMED, timed=True),
+        _case(32000, 4, 2048, 32000, 70, PEAKED),
+        _case(50257, 2, 2048, 50257, 90, FLAT),
+        _case(128256, 2, 1024, 128256, 45, TIES),
+        _case(32000, 2, 2048, 5, 100, TOP_K),
+        _case(128256, 2, 512, 1, 90, GREEDY),
+        _case(50257, 2, 2048, 50, 90, K_BINDS),
+        _case(32000, 2, 2048, 50, 70, P_BINDS),
+        _case(128256, 2, 1024, 3, 100, TIES_AT_K),
+        _case(151936, 2, 256, 50, 80, WIDE),
+        _case(32000, 2, 1024, 100000, 85, STRIDED),
+        _case(128256, 256, 1, 50, 90, TIMED, timed=True),
     ],
-    # Odd vocabularies (no power-of-two chunk divides them), any top_p: plain random rows.
+    # Odd vocabularies (no power-of-two chunk divides them), any top_k (past V: none) and
+    # top_p: plain random rows.
     hidden=Hidden(cpu=Draw({"v": Span(65, 999, odd=True), "rows": Span(2, 3),
-                            "draws": Span(100, 200), "top_p_pct": Span(60, 95)}),
+                            "draws": Span(100, 200), "top_k": Span(1, 400),
+                            "top_p_pct": Span(60, 95)}),
                   gpu=Draw({"v": Span(30001, 160001, odd=True), "rows": Span(2, 4),
-                            "draws": Span(512, 1024), "top_p_pct": Span(60, 95)})),
+                            "draws": Span(512, 1024), "top_k": Span(1, 2000),
+                            "top_p_pct": Span(60, 95)})),
     # Nothing measured yet. The kernel reads a row about 2 × the rounds its distribution
     # needs (one to three on flat rows); torch.sort-based sampling sorts and writes every
     # row several times. FlashInfer reports more than halving vLLM's sampling time on one
     # H100 with this algorithm. The bars are low until a GPU has measured it (`rooflab
     # bench sampling`).
     levels=Levels(passing=0.1, good=0.25, excellent=0.4),
-    baseline=_sort_sample, baseline_name="torch.sort-based top-p sampling",
+    baseline=_sort_sample, baseline_name="torch.sort-based top-k and top-p sampling",
     at_least_vs_baseline=1.5,
     hints=("Keep a threshold `low` per row (at first below every probability) and the mass of "
            "the tokens above it. A round draws from the kept tokens by inverse CDF: the first "
-           "where the running sum of kept probabilities passes u times their mass. Then add up "
-           "the mass of the tokens more probable than the one drawn: below top_p, accept; else "
-           "it becomes the new threshold and its mass the new kept mass.",
+           "where the running sum of kept probabilities passes u times their mass. Then count "
+           "the tokens more probable than the one drawn and add up their mass, in one pass: "
+           "fewer than top_k and below top_p, accept; else it becomes the new threshold and "
+           "its mass the new kept mass.",
            "In each chunk: kept = tl.where(p > low[:, None], p, 0.0); running = before[:, None] "
            "+ tl.cumsum(kept, 1); the first column where running > u * kept_mass is the "
-           "candidate (tl.min of the columns that pass, V where none does). After the pass of "
-           "the mass above: accept = active & (above < top_p); the rejected rows take low = "
-           "p_t and kept_mass = above."),
-    answer_in=("top_p_kernel",),
+           "candidate (tl.min of the columns that pass, V where none does). In the pass of "
+           "the mass above: count += tl.sum((p > p_t[:, None]).to(tl.int32), 1). After it: "
+           "accept = active & (above < top_p) & (count < top_k); the rejected rows take low "
+           "= p_t and kept_mass = above."),
+    answer_in=("top_k_top_p_kernel",),
 ))
