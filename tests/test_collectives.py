@@ -503,3 +503,24 @@ def test_the_mean_is_graded_and_its_slips_are_named():
                             (mean_divided_twice, "divided by N twice")):
         assert all(not result.ok and words in result.explained for result in said[function]), \
             [result.explained for result in said[function]]
+
+
+def originals_in_reach(x: torch.Tensor) -> torch.Tensor:
+    """On a rank: which recorded functions still hand out the unrecorded original as
+    ``__wrapped__``, and whether all_reduce still shows its own signature."""
+    import inspect
+
+    import torch.distributed as dist
+
+    recorded = [dist.all_reduce, dist.send, dist.batch_isend_irecv,
+                dist.all_gather_into_tensor, type(dist.group.WORLD).allreduce]
+    signature = list(inspect.signature(dist.all_reduce).parameters)[:2]
+    return torch.tensor([hasattr(f, "__wrapped__") for f in recorded]
+                        + [signature == ["tensor", "op"]])
+
+
+def test_no_recorded_function_hands_out_its_original():
+    from rooflab.autograder.ranks import on_ranks
+
+    (run,) = on_ranks(originals_in_reach, 1, torch.ones(1))
+    assert run.output.tolist() == [False] * 5 + [True], run.output

@@ -110,6 +110,12 @@ NOT_FREED = [("    def after_forward(index: int):\n        def hook(module, args
               "            units[index].free()\n",
               "    def after_forward(index: int):\n        def hook(module, args, output):\n"
               "            pass\n")]
+# Never freed after forward either, its parameters made to look like DTensors (FSDP2's
+# shards): whole is whole, whatever a tensor claims.
+DISGUISED = [(NOT_FREED[0][0],
+              "    def after_forward(index: int):\n        def hook(module, args, output):\n"
+              "            for p in module.parameters():\n"
+              "                p.to_local = None\n")]
 
 # name: (edits, blocks, heads, words the cause must hold)
 SLIPS = {
@@ -122,6 +128,7 @@ SLIPS = {
     "bf16 master weights": (BF16_MASTER, 2, 24, "the parameters returned for the optimizer "
                             "are bfloat16: the policy keeps them, the master weights, in fp32"),
     "gathered weights never freed": (NOT_FREED, 3, 4, "3 blocks were whole at once"),
+    "never freed, passed off as shards": (DISGUISED, 3, 6, "3 blocks were whole at once"),
     # Every byte right: the numbers name it, by how far they are off.
     "summed, not averaged": (SUMMED, 3, 2, "2 times one process's"),
 }

@@ -43,6 +43,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch 2.4 keeps it private
+    from torch.distributed._tensor import DTensor
+
 from ..device import one_cpu_thread
 from ..evidence.compare import CaseResult, Comparison
 from ..evidence.live_memory import freeze, live, reachable_buffers, refrozen
@@ -106,11 +111,18 @@ def block_sizes(model: torch.nn.Module) -> list[int]:
 
 def _whole(block: torch.nn.Module) -> bool:
     """Whether the block holds whole weights or whole gradients: the memory that ZeRO-3
-    gives back between a block's uses. (A DTensor, FSDP2's sharded parameter or gradient,
-    is a shard, never whole.)"""
-    return any(t is not None and not hasattr(t, "to_local")
-               and t.untyped_storage().nbytes() > 0
+    gives back between a block's uses. A plain tensor is whole while its storage is
+    filled (the course's parameters are views of a vector freed to 0 bytes); a DTensor
+    (FSDP2's parameters and gradients, views of flat buffers shared by a block) while its
+    local part is not a shard of it."""
+    return any(t is not None and _held_whole(t)
                for p in block.parameters() for t in (p, p.grad))
+
+
+def _held_whole(tensor: torch.Tensor) -> bool:
+    if isinstance(tensor, DTensor):
+        return tensor._local_tensor.numel() >= tensor.numel() > 0
+    return tensor.untyped_storage().nbytes() > 0
 
 
 def _shards_wrong(shards: object, sizes: list[int], world: int) -> str:

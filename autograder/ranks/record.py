@@ -382,6 +382,23 @@ class Request:
         return getattr(self._work, name)
 
 
+def _sealed(original):
+    """``functools.wraps`` without ``__wrapped__``: that attribute hands anyone the
+    unrecorded original in one step. The signature stays, for whatever inspects it. (The
+    wrapper's closure still holds the original: a record kept in the process the learner's
+    code runs in can be read around, and the README says so; this closes the open door.)"""
+    def seal(wrapper):
+        functools.update_wrapper(wrapper, original)
+        del wrapper.__wrapped__
+        try:
+            wrapper.__signature__ = inspect.signature(original)
+        except (TypeError, ValueError):  # a builtin without one
+            pass
+        return wrapper
+
+    return seal
+
+
 def _depth() -> int:
     return getattr(_local, "depth", 0)
 
@@ -399,7 +416,7 @@ def _point_to_point(name: str, original):
     signature = inspect.signature(original)
     sends = name in SENDS
 
-    @functools.wraps(original)
+    @_sealed(original)
     def wrapper(*args, **kwargs):
         if _depth():
             return original(*args, **kwargs)
@@ -437,7 +454,7 @@ def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
     recorded as a call that ended there."""
     signature = inspect.signature(original)
 
-    @functools.wraps(original)
+    @_sealed(original)
     def wrapper(*args, **kwargs):
         if _depth():
             return original(*args, **kwargs)
@@ -506,7 +523,7 @@ def _install_functional() -> None:
 
 
 def _batch(original):
-    @functools.wraps(original)
+    @_sealed(original)
     def wrapper(p2p_op_list):
         if _depth():
             return original(p2p_op_list)
@@ -550,7 +567,7 @@ def _default_group() -> tuple[object, ...]:
 def _around(op: str, original, tensors=lambda args, kwargs: None, whose=None):
     """A wrapper that records ``op`` when the candidate calls it, not from inside a
     recorded call (torch's own use) nor outside the candidate's run."""
-    @functools.wraps(original)
+    @_sealed(original)
     def wrapper(*args, **kwargs):
         if _depth() or not _watching:
             return original(*args, **kwargs)
