@@ -327,7 +327,7 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False,
 # --- 3. memory: what a rank holds --------------------------------------------------------------
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (FSDP2's parameters are DTensors), else the tensor."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
@@ -338,7 +338,7 @@ def bytes_held(tensors) -> int:
     storages = {}
     for tensor in tensors:
         if tensor is not None:
-            storage = _local(tensor).untyped_storage()
+            storage = local_part(tensor).untyped_storage()
             storages[storage.data_ptr() or id(storage)] = storage.nbytes()
     return sum(storages.values())
 

@@ -125,7 +125,7 @@ def _cases_of(problem: str, candidates: dict[str, object]):
     """The problem on one case per candidate, three ranks and blocks that need padding,
     told apart by their number of blocks (2, 3, ...), and one candidate that is each of
     them on its own case: every case is graded alone, in one launch of the ranks."""
-    cases = [problems._case(3, dim=20, layers=2 + i, note=name)
+    cases = [problems.rank_case(3, dim=20, layers=2 + i, note=name)
              for i, name in enumerate(candidates)]
     by_layers = {2 + i: fn for i, fn in enumerate(candidates.values())}
 

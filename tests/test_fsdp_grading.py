@@ -194,7 +194,7 @@ def test_the_reference_is_one_process_and_the_bytes_follow_the_formula():
     padded = sum(n * math.ceil(size / n) for size in sizes)
     assert problems.cost(case).bytes == pytest.approx(3 * (n - 1) / n * padded * 4 * 5)
     # The reference trains one model: its first loss is that model's on the whole batch.
-    inputs = problems._inputs(False)(case, torch.Generator().manual_seed(0), None)
+    inputs = problems.inputs_maker(False)(case, torch.Generator().manual_seed(0), None)
     want = problems.reference(inputs[0][0], [i[1] for i in inputs], [i[2] for i in inputs])
     model = problems.make_model(dim, 4, layers, seed=inputs[0][0][3])
     whole_x = torch.cat([i[1][0] for i in inputs])

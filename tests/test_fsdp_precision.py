@@ -147,10 +147,10 @@ def verdicts(tmp_path_factory):
         module = mutant(folder, "fsdp", *edits, name="mutant_" + name.replace(" ", "_")
                         .replace(",", ""))
         by_shape[blocks, heads] = module.shard_layers
-        cases.append(problem._case(2, dim=24, layers=blocks, heads=heads, note=name))
+        cases.append(problem.rank_case(2, dim=24, layers=blocks, heads=heads, note=name))
     for name, (candidate, draws, heads) in PASSES.items():
         by_shape[2, heads] = candidate
-        cases += [problem._case(2 + i % 2, dim=24, layers=2, heads=heads, note=name)
+        cases += [problem.rank_case(2 + i % 2, dim=24, layers=2, heads=heads, note=name)
                   for i in range(draws)]
 
     def shard_layers(model, **policy):

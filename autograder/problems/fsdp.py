@@ -63,7 +63,7 @@ ALL_GATHERS = ("all_gather_into_tensor", "all_gather_single", "all_gather")
 REDUCE_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter")
 
 
-def _case(ranks: int, dim: int, layers: int, heads: int = 4, note: str = "") -> Case:
+def rank_case(ranks: int, dim: int, layers: int, heads: int = 4, note: str = "") -> Case:
     return Case({"ranks": ranks, "dim": dim, "layers": layers, "heads": heads},
                 torch.float32, note=note)
 
@@ -71,9 +71,9 @@ def _case(ranks: int, dim: int, layers: int, heads: int = 4, note: str = "") -> 
 # A block holds 12·dim² + 13·dim parameters: 5060 at dim 20, 7224 at 24. N = 3 and N = 4
 # at dim 24 (7224 = 4·1806) and N = 3 at 20 need padding or not: both show.
 CASES = [
-    _case(2, dim=24, layers=3),
-    _case(3, dim=20, layers=3, note="the shards need padding"),
-    _case(4, dim=24, layers=4),
+    rank_case(2, dim=24, layers=3),
+    rank_case(3, dim=20, layers=3, note="the shards need padding"),
+    rank_case(4, dim=24, layers=4),
 ]
 
 
@@ -87,7 +87,7 @@ def make_model(dim: int, heads: int, layers: int, seed: int = 0) -> torch.nn.Mod
         return TinyTransformer(dim, heads, layers)
 
 
-def _inputs(prefetch: bool):
+def inputs_maker(prefetch: bool):
     def make_inputs(case: Case, generator: torch.Generator,
                     device: torch.device) -> list[tuple]:
         n, dim = world_size(case), case.sizes["dim"]
@@ -140,7 +140,7 @@ def _shards_wrong(shards: object, sizes: list[int], world: int) -> str:
     return ""
 
 
-def _account(candidate: object, sentinel: list, when: str) -> None:
+def account_memory(candidate: object, sentinel: list, when: str) -> None:
     """Note in the rank's log the bytes of every storage and buffer alive that the grader
     did not hold before the learner's sharding ran: what the sharding keeps, and the
     optimizer's state."""
@@ -156,7 +156,7 @@ def _live_with(reachable: list[object]) -> int:
     return live("cpu").bytes
 
 
-def _watch(model: torch.nn.Module, prefetch: bool) -> None:
+def watch_blocks(model: torch.nn.Module, prefetch: bool) -> None:
     """Marks in the rank's log as each block begins and ends its forward and its backward,
     with how many blocks are whole: after the learner's hooks that gather, before those
     that free or wait."""
@@ -210,17 +210,17 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
         record.mark("invalid", why=wrong or "a block has no parameters left: keep each "
                     "block's parameters, as views of its gathered vector")
         return torch.empty(0)
-    _watch(model, prefetch)
+    watch_blocks(model, prefetch)
     optimizer = torch.optim.AdamW(shards, lr=LR)
     seen = []
-    _account(candidate, sentinel, "before the first step")
+    account_memory(candidate, sentinel, "before the first step")
     for step in range(len(x)):
-        seen.append(_step(model, shards, optimizer, loss_fn, x[step], y[step], step))
-        _account(candidate, sentinel, f"after step {step}")
+        seen.append(train_step(model, shards, optimizer, loss_fn, x[step], y[step], step))
+        account_memory(candidate, sentinel, f"after step {step}")
     return torch.tensor(seen, dtype=torch.float64)
 
 
-def _step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn,
+def train_step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn,
           x: torch.Tensor, y: torch.Tensor, step: int) -> list[float]:
     """One training step, marked; this rank's loss, its shards' squared gradient norm, and
     how many shards have no gradient. Nothing of it outlives the call but the numbers."""
@@ -229,10 +229,10 @@ def _step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn
     record.mark("backward", whole=sum(_whole(block) for block in model.blocks))
     loss.backward()
     record.mark("optimizer", whole=sum(_whole(block) for block in model.blocks))
-    from rooflab.kernels.fsdp import _local
+    from rooflab.kernels.fsdp import local_part
 
     # This rank's part alone: a DTensor's own norm would be a collective of the grader's.
-    square = sum(float(_local(s.grad).double().square().sum()) for s in shards
+    square = sum(float(local_part(s.grad).double().square().sum()) for s in shards
                  if s.grad is not None)
     missing = sum(s.grad is None for s in shards)
     optimizer.step()
@@ -285,7 +285,7 @@ def cost(case: Case) -> Cost:
     return Cost(0, 3 * (n - 1) / n * padded * 4 * STEPS)
 
 
-def _relative(got: float, want: float) -> float:
+def relative_error(got: float, want: float) -> float:
     return abs(got - want) / max(abs(want), 1e-30)
 
 
@@ -298,9 +298,9 @@ def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
             return (f"step {step}: {int(got[step, 2])} shards have no gradient after "
                     "backward: reduce-scatter each block's gradients into its shard's .grad")
         head = ""
-        if not _relative(loss, want_loss) <= RELATIVE:  # NaN too
+        if not relative_error(loss, want_loss) <= RELATIVE:  # NaN too
             head = (f"step {step}: the loss is {loss:.9g}, one process gets {want_loss:.9g} "
-                    f"({_relative(loss, want_loss):.1e} relative)")
+                    f"({relative_error(loss, want_loss):.1e} relative)")
             if step == 0:
                 return head + (": the first forward already differs, so the weights the "
                                "blocks computed with are not the model's: gather every "
@@ -308,7 +308,7 @@ def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
             return head + (": the first steps agree, so the optimizer's updates do not "
                            "reach the weights the blocks use: gather from the shard the "
                            "optimizer steps, every step")
-        if not _relative(norm, want_norm) <= RELATIVE:  # NaN too
+        if not relative_error(norm, want_norm) <= RELATIVE:  # NaN too
             ratio = norm / want_norm
             head = (f"step {step}: the gradient norm is {norm:.9g}, one process gets "
                     f"{want_norm:.9g}")
@@ -369,7 +369,7 @@ class _Step:
         return [m for m in self.marks[:end] if m.label == label]
 
 
-def _cut(log: RankLog, start: Mark, following: Mark | None) -> _Step:
+def cut_step(log: RankLog, start: Mark, following: Mark | None) -> _Step:
     marks = log.marks[log.marks.index(start):]
     if following is not None:
         marks = marks[:marks.index(following)]
@@ -383,7 +383,7 @@ def _step_cause(case: Case, log: RankLog, sizes: list[int], waits: dict[int, flo
                 start: Mark, following: Mark | None) -> str:
     """Why one step's calls are not FSDP's, or ""; with ``waits`` (when each prefetch was
     first waited for), its prefetches judged too."""
-    step = _cut(log, start, following)
+    step = cut_step(log, start, following)
     shards = sorted(math.ceil(size / world_size(case)) for size in sizes)
     return (_forward_cause(step, shards) or _backward_cause(step, shards, world_size(case))
             or (_prefetch_cause(step, len(sizes), waits) if waits is not None else ""))
@@ -578,7 +578,7 @@ def _grade(prefetch: bool, slack_blocks: int = SLACK_BLOCKS):
         wrong = numbers_cause(trained, want, n)
         # The worst relative error of any step's loss or gradient norm: a few numbers, so
         # no worst element of an array (0/0, for a norm of zero, counts as no error).
-        error = max(_relative(got, right) if got != right else 0.0 for got, right in
+        error = max(relative_error(got, right) if got != right else 0.0 for got, right in
                     zip(trained[:, :2].reshape(-1).tolist(), want.reshape(-1).tolist(),
                         strict=True))
         seen = Comparison(not wrong, rel_error=error, cause=wrong)
@@ -629,7 +629,7 @@ for _prefetch, _id, _title in ((False, "fsdp/zero3", "FSDP (ZeRO-3) from scratch
                    + (", prefetch=True" if _prefetch else "")
                    + ") -> list[nn.Parameter], on every rank: one shard a block, for the "
                      "optimizer; afterwards forward and backward work as before"),
-        make_inputs=_inputs(_prefetch),
+        make_inputs=inputs_maker(_prefetch),
         reference=reference,
         cost=cost,
         cpu_cases=CASES,

@@ -52,18 +52,18 @@ from .fsdp import (
     ALL_GATHERS,
     LR,
     REDUCE_SCATTERS,
-    _account,
-    _case,
-    _cut,
-    _inputs,
-    _relative,
-    _step,
-    _watch,
+    account_memory,
     block_sizes,
     calls_cause,
+    cut_step,
+    inputs_maker,
     make_model,
     memory_bound,
     memory_cause,
+    rank_case,
+    relative_error,
+    train_step,
+    watch_blocks,
 )
 
 PARAM_DTYPE, REDUCE_DTYPE, MASTER_DTYPE = torch.bfloat16, torch.float32, torch.float32
@@ -81,14 +81,14 @@ HARNESS_MARKS = ("invalid", "master", "compute", "state")
 
 # A block holds 12·dim² + 13·dim parameters, 7224 at dim 24: every dimension of every
 # parameter a multiple of N, so no layout pads.
-CASES = [_case(2, dim=24, layers=3), _case(3, dim=24, layers=2)]
+CASES = [rank_case(2, dim=24, layers=3), rank_case(3, dim=24, layers=2)]
 
 
 def make_inputs(case: Case, generator: torch.Generator, device: torch.device) -> list[tuple]:
     """fsdp/zero3's inputs (the weights' seed, each rank's slices of the batches), for the
     first ``STEPS`` steps."""
     return [(setup, x[:STEPS], y[:STEPS])
-            for setup, x, y in _inputs(False)(case, generator, device)]
+            for setup, x, y in inputs_maker(False)(case, generator, device)]
 
 
 # --- on each rank: the grader's training loop ---------------------------------------------------
@@ -99,9 +99,9 @@ def _params_wrong(params: object, sizes: list[int], world: int) -> str:
             isinstance(p, torch.Tensor) and p.requires_grad for p in params):
         return (f"shard_layers returned {type(params).__name__}: return the parameters the "
                 "optimizer steps, a list of nn.Parameter")
-    from rooflab.kernels.fsdp import _local
+    from rooflab.kernels.fsdp import local_part
 
-    held = sum(_local(p).numel() for p in params)
+    held = sum(local_part(p).numel() for p in params)
     want = sum(math.ceil(size / world) for size in sizes)
     if held != want:
         return (f"the parameters returned for the optimizer hold {held:,} elements on this "
@@ -139,7 +139,7 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     len(x) steps: per step, this rank's loss and its shards' squared gradient norm. Marks
     what the grader sees on the way: the dtypes of what the optimizer steps, the memory
     held between steps, the dtypes each layer computed in, AdamW's state after training."""
-    from rooflab.kernels.fsdp import _local, bytes_held, loss_fn
+    from rooflab.kernels.fsdp import bytes_held, local_part, loss_fn
 
     sentinel = freeze()
     dim, heads, layers, seed, _ = setup
@@ -151,16 +151,16 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
         record.mark("invalid", why=wrong)
         return torch.empty(0)
     record.mark("master", dtypes=sorted({str(p.dtype)[6:] for p in params}))
-    _watch(model, prefetch=False)
+    watch_blocks(model, prefetch=False)
     computed = _watch_compute(model)
     optimizer = torch.optim.AdamW(params, lr=LR)
     seen = []
-    _account(candidate, sentinel, "before the first step")
+    account_memory(candidate, sentinel, "before the first step")
     for step in range(len(x)):
-        seen.append(_step(model, params, optimizer, loss_fn, x[step], y[step], step))
-        _account(candidate, sentinel, f"after step {step}")
+        seen.append(train_step(model, params, optimizer, loss_fn, x[step], y[step], step))
+        account_memory(candidate, sentinel, f"after step {step}")
     record.mark("compute", blocks=computed)
-    moments = [_local(value) for state in optimizer.state.values()
+    moments = [local_part(value) for state in optimizer.state.values()
                for value in state.values() if isinstance(value, torch.Tensor) and value.dim()]
     record.mark("state", held=bytes_held(moments),
                 dtypes=sorted({str(m.dtype)[6:] for m in moments}))
@@ -245,7 +245,7 @@ def dtypes_cause(log: RankLog, shards: list[int], n: int) -> str:
     steps = [mark for mark in log.marks if mark.label == "step"]
     for index, start in enumerate(steps):
         following = steps[index + 1] if index + 1 < len(steps) else None
-        step = _cut(log, start, following)
+        step = cut_step(log, start, following)
         where = f"rank {log.rank}, step {index}"
         for call in [c for c in step.forward + step.backward if c.op in ALL_GATHERS]:
             if call.dtype != _name(PARAM_DTYPE):
@@ -307,9 +307,9 @@ def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
                 return (f"step 0: the gradient norm is {value:.9g}, {n} times one process's "
                         f"{right:.9g}: the reduce-scatter sums the ranks' gradients; the "
                         f"mean over the whole batch divides by N = {n}")
-            if not _relative(value, right) <= RELATIVE:  # NaN too
+            if not relative_error(value, right) <= RELATIVE:  # NaN too
                 return (f"step {step}: the {what} is {value:.9g}, one process under the "
-                        f"policy gets {right:.9g} ({_relative(value, right):.1e} relative, "
+                        f"policy gets {right:.9g} ({relative_error(value, right):.1e} relative, "
                         f"more than {RELATIVE:g}). " + _where(step, column))
     return ""
 
@@ -362,7 +362,7 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
     trained = torch.stack([got[:, :, 0].mean(0), got[:, :, 1].sum(0).sqrt(),
                            got[:, :, 2].sum(0)], dim=1)
     wrong = numbers_cause(trained, want, n)
-    error = max(_relative(value, right) if value != right else 0.0 for value, right in
+    error = max(relative_error(value, right) if value != right else 0.0 for value, right in
                 zip(trained[:, :2].reshape(-1).tolist(), want.reshape(-1).tolist(),
                     strict=True))
     seen = Comparison(not wrong, rel_error=error, cause=wrong)
