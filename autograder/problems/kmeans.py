@@ -149,19 +149,21 @@ def _far_from_origin(x: torch.Tensor) -> tuple[bool, float, float]:
 
 
 def _suffix_min(rows: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """For each row: is its label's distance the least among centroids at or after it?"""
+    """For each row: is its label's distance the least among centroids at or after it
+    (within TIE: the kernel compared fp32 distances, these are the grader's)?"""
     k = rows.shape[1]
     after = torch.arange(k, device=rows.device)[None, :] >= labels[:, None]
     chosen = rows.gather(1, labels[:, None]).squeeze(1)
-    return chosen <= torch.where(after, rows, math.inf).amin(dim=1) * (1 + 1e-9)
+    return chosen <= torch.where(after, rows, math.inf).amin(dim=1) * (1 + TIE)
 
 
 def _prefix_min(rows: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """For each row: is its label's distance the least among centroids up to it?"""
+    """For each row: is its label's distance the least among centroids up to it (within
+    TIE)?"""
     k = rows.shape[1]
     upto = torch.arange(k, device=rows.device)[None, :] <= labels[:, None]
     chosen = rows.gather(1, labels[:, None]).squeeze(1)
-    return chosen <= torch.where(upto, rows, math.inf).amin(dim=1) * (1 + 1e-9)
+    return chosen <= torch.where(upto, rows, math.inf).amin(dim=1) * (1 + TIE)
 
 
 def _half_precision(x: torch.Tensor) -> bool:
