@@ -38,10 +38,11 @@ lab: $(STAMP)
 # The unit tests, the learner notebooks (each must fail only at its checks), and every
 # solved notebook run end to end by nbval (each must pass).
 # In parallel, one worker per core (pytest-xdist); a file stays on one worker, so a
-# notebook's cells run in order in one kernel.
+# notebook's cells run in order in one kernel. The solved notebooks, the longest files,
+# are handed out first, so that the short test files even out the workers at the end.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile --nbval-lax --nbval-current-env \
-		$(PYTEST_ARGS) tests $(wildcard solutions)
+		$(PYTEST_ARGS) $(wildcard solutions) tests
 
 # ruff, then the autograder's layers (import-linter, the contracts in pyproject.toml): a
 # module imports only from the layers under its own, and nothing imports in a circle.
