@@ -34,7 +34,7 @@ case "${1:-test}" in
     ;;
   bench)
     python3 -m rooflab.autograder.cli roofline --json "$out/" 2>&1 | tee "$out/bench.log"
-    for bench in ${BENCHES:-coalescing matmul softmax attention topk kmeans amp allreduce fsdp}; do
+    for bench in ${BENCHES:-coalescing matmul softmax attention topk sampling kmeans amp allreduce fsdp}; do
       python3 -m rooflab.autograder.cli bench "$bench" --json "$out/" --baseline newest 2>&1 \
         | tee -a "$out/bench.log"
     done

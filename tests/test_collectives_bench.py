@@ -6,6 +6,7 @@ command reads."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -122,11 +123,15 @@ def test_a_bench_on_ranks_is_registered_by_one_entry():
     assert not set(bench.RANK_BENCHES) & set(bench.BENCHES)
 
 
-def test_every_bench_make_gpu_bench_runs_is_one_the_command_knows():
+def test_make_gpu_bench_and_the_gpu_session_run_every_bench_the_command_knows():
     from pathlib import Path
 
     makefile = (Path(__file__).parent.parent / "Makefile").read_text()
     (line,) = [line for line in makefile.splitlines() if line.startswith("BENCHES ?=")]
     names = line.split("=", 1)[1].split()
     assert "allreduce" in names
-    assert set(names) <= set(bench.BENCHES) | set(bench.RANK_BENCHES)
+    assert set(names) == set(bench.BENCHES) | set(bench.RANK_BENCHES)
+    # A GPU session's script runs the same list.
+    script = (Path(__file__).parent.parent / "bench" / "gpu-session.sh").read_text()
+    (listed,) = re.findall(r"\$\{BENCHES:-([^}]*)\}", script)
+    assert listed.split() == names
