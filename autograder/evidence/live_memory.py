@@ -25,6 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch 2.4 keeps it private
+    from torch.distributed._tensor import DTensor
+
 
 @dataclass(frozen=True)
 class Held:
@@ -240,3 +245,26 @@ def reachable_buffers(*roots: object) -> list[object]:
         else:
             todo += gc.get_referents(obj)
     return found
+
+
+def local_part(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor's shard on this rank (FSDP2's and tensor parallelism's parameters are
+    DTensors), by its class: a ``to_local`` attribute a tensor claims is no evidence.
+    Any other tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def storage_bytes(items: list[object]) -> int:
+    """The bytes of the distinct storages behind ``items``, each once however many views
+    (a DTensor's local shard; arrays and byte strings by their size)."""
+    seen: dict[int, int] = {}
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            try:
+                storage = local_part(item).untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+        else:
+            seen[id(item)] = getattr(item, "nbytes", None) or len(item)
+    return sum(seen.values())

@@ -43,14 +43,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch 2.4 keeps it private
-    from torch.distributed._tensor import DTensor
-
 from ..device import one_cpu_thread
 from ..evidence.compare import CaseResult, Comparison
-from ..evidence.live_memory import freeze, live, reachable_buffers, refrozen
+from ..evidence.live_memory import freeze, live, local_part, reachable_buffers, refrozen
 from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
@@ -120,8 +115,9 @@ def _whole(block: torch.nn.Module) -> bool:
 
 
 def _held_whole(tensor: torch.Tensor) -> bool:
-    if isinstance(tensor, DTensor):
-        return tensor._local_tensor.numel() >= tensor.numel() > 0
+    local = local_part(tensor)
+    if local is not tensor:  # a DTensor: whole unless its local part is a shard
+        return local.numel() >= tensor.numel() > 0
     return tensor.untyped_storage().nbytes() > 0
 
 
@@ -229,8 +225,6 @@ def train_step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, lo
     record.mark("backward", whole=sum(_whole(block) for block in model.blocks))
     loss.backward()
     record.mark("optimizer", whole=sum(_whole(block) for block in model.blocks))
-    from rooflab.kernels.fsdp import local_part
-
     # This rank's part alone: a DTensor's own norm would be a collective of the grader's.
     square = sum(float(local_part(s.grad).double().square().sum()) for s in shards
                  if s.grad is not None)

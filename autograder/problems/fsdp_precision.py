@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from ..device import one_cpu_thread
 from ..evidence.compare import CaseResult, Comparison
-from ..evidence.live_memory import freeze
+from ..evidence.live_memory import freeze, local_part, storage_bytes
 from ..problem import Case, Cost, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
@@ -99,8 +99,6 @@ def _params_wrong(params: object, sizes: list[int], world: int) -> str:
             isinstance(p, torch.Tensor) and p.requires_grad for p in params):
         return (f"shard_layers returned {type(params).__name__}: return the parameters the "
                 "optimizer steps, a list of nn.Parameter")
-    from rooflab.kernels.fsdp import local_part
-
     held = sum(local_part(p).numel() for p in params)
     want = sum(math.ceil(size / world) for size in sizes)
     if held != want:
@@ -139,7 +137,7 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     len(x) steps: per step, this rank's loss and its shards' squared gradient norm. Marks
     what the grader sees on the way: the dtypes of what the optimizer steps, the memory
     held between steps, the dtypes each layer computed in, AdamW's state after training."""
-    from rooflab.kernels.fsdp import bytes_held, local_part, loss_fn
+    from rooflab.kernels.fsdp import loss_fn
 
     sentinel = freeze()
     dim, heads, layers, seed, _ = setup
@@ -162,7 +160,7 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     record.mark("compute", blocks=computed)
     moments = [local_part(value) for state in optimizer.state.values()
                for value in state.values() if isinstance(value, torch.Tensor) and value.dim()]
-    record.mark("state", held=bytes_held(moments),
+    record.mark("state", held=storage_bytes(moments),
                 dtypes=sorted({str(m.dtype)[6:] for m in moments}))
     return torch.tensor(seen, dtype=torch.float64)
 

@@ -40,7 +40,14 @@ import torch.distributed as dist
 
 from ..device import one_cpu_thread
 from ..evidence.compare import CaseResult, Comparison
-from ..evidence.live_memory import freeze, live, reachable_buffers, refrozen
+from ..evidence.live_memory import (
+    freeze,
+    live,
+    local_part,
+    reachable_buffers,
+    refrozen,
+    storage_bytes,
+)
 from ..problem import Case, Cost, Problem, register
 from ..ranks import RanksProblem, record
 from ..ranks.problem import world_size
@@ -98,30 +105,6 @@ def _inputs(sequence: bool):
     return make_inputs
 
 
-def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A DTensor's local shard; a plain tensor as it is."""
-    if tensor is None:
-        return None
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
-def _bytes(tensors: list[object]) -> int:
-    """The bytes of the distinct storages behind ``tensors`` (arrays and byte strings by
-    their size), each once however many views."""
-    seen: dict[int, int] = {}
-    for item in tensors:
-        if isinstance(item, torch.Tensor):
-            try:
-                storage = _local(item).untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            seen[storage.data_ptr()] = storage.nbytes()
-        else:
-            seen[id(item)] = getattr(item, "nbytes", None) or len(item)
-    return sum(seen.values())
-
-
 def _weight(block: torch.nn.Module, name: str) -> torch.Tensor | None:
     try:
         layer = block.get_submodule(name)
@@ -157,7 +140,7 @@ def run(candidate, setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> torch.T
     if wrong:
         record.mark("invalid", why=wrong)
         return torch.empty(0)
-    record.mark("weights", held=_bytes(reachable_buffers(block, candidate)))
+    record.mark("weights", held=storage_bytes(reachable_buffers(block, candidate)))
     if sequence:
         share = x.shape[1] // world
         x, grad = (t[:, rank * share:(rank + 1) * share].contiguous() for t in (x, grad))
@@ -167,13 +150,13 @@ def run(candidate, setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> torch.T
     try:
         output = block(x)
         record.mark("backward", activations=live("cpu").bytes - before)
-        _local(output).backward(grad)
+        local_part(output).backward(grad)
     except Exception as error:  # noqa: BLE001 (judged with the calls that led to it)
         record.mark("raised", error=f"{type(error).__name__}: {str(error)[:300]}")
         return torch.empty(0)
     record.mark("after", frozen=refrozen(sentinel))
-    parts = [_local(output), x.grad, *(_local(weights[name].grad) for name in SPLITS),
-             *(_local(_parameter(block, name).grad) for name in NORMS)]
+    parts = [local_part(output), x.grad, *(local_part(weights[name].grad) for name in SPLITS),
+             *(local_part(_parameter(block, name).grad) for name in NORMS)]
     record.mark("returned", sizes=[-1 if p is None else p.numel() for p in parts])
     return torch.cat([p.detach().reshape(-1).double() for p in parts if p is not None])
 
@@ -188,7 +171,7 @@ def _shape_cause(weights: dict[str, torch.Tensor], dim: int, world: int) -> str:
     for name, (rows, columns) in full_shapes(dim).items():
         split = SPLITS[name]
         want = [rows // world, columns] if split == "column" else [rows, columns // world]
-        got = list(_local(weights[name]).shape)
+        got = list(local_part(weights[name]).shape)
         if got != want:
             way = "output features (rows)" if split == "column" else "input features (columns)"
             return (f"{name}.weight is {got}; split by its {way} over {world} ranks it is "
