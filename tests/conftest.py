@@ -47,6 +47,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop("ROOFLAB_CACHE_DIR", None)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ROOFLAB_FAILURES set to a file, each failure is appended to it as it happens:
+    a GPU session's run cut short by its time limit still leaves why its tests failed
+    (pytest itself prints them only at the end)."""
+    path = os.environ.get("ROOFLAB_FAILURES")
+    # Under xdist the controller hears every worker's reports: write there only, once.
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as log:
+            log.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if ON_GPU and (cpu := item.get_closest_marker("cpu")) is not None:

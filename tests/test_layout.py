@@ -7,9 +7,10 @@ import importlib
 from copy import deepcopy
 from pathlib import Path
 
-import grimp
 import pytest
 
+# Both come with the dev tools (`make lint`); a GPU image without them still runs the rest.
+grimp = pytest.importorskip("grimp")
 pytest.importorskip("importlinter")
 from importlinter import api  # noqa: E402
 
