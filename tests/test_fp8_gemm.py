@@ -145,6 +145,131 @@ def test_verdicts_do_not_depend_on_the_seed(tmp_path, seed):
     assert not result.passed and "one scale for the whole sum" in result.causes[0]
 
 
+# --- the comparison: the GPU's tolerance, the element scale, the slips on a GPU -------------
+
+
+def _inputs(sizes: dict[str, int], note: str = "", transposed: tuple = (), seed: int = 0):
+    case = fp8_gemm.Case(sizes, fp8_gemm.E4M3, note=note, transposed=transposed)
+    return fp8_gemm._inputs(case, torch.Generator().manual_seed(seed), torch.device("cpu"))
+
+
+def _truncated(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x`` with ``bits`` significant bits, rounded toward zero."""
+    mantissa, exponent = torch.frexp(x)
+    return torch.ldexp(torch.trunc(mantissa * 2.0**bits) / 2.0**bits, exponent)
+
+
+def _hopper_like(a, a_scale, b, b_scale, step: int = 32) -> torch.Tensor:
+    """The product as Hopper's fp8 tensor cores leave it (DeepSeek-V3 report, 3.3.2):
+    within each 128-long K block the partial sum keeps 14 significant bits, truncated
+    toward zero, after each MMA step of ``step`` products (32 in one fp8 wgmma); then the
+    block's sum is scaled and added in fp32 (the kernel's promotion)."""
+    a, b = a.double(), b.double()
+    (m, k), n = a.shape, b.shape[1]
+    out = torch.zeros(m, n, dtype=torch.float64)
+    for block, start in enumerate(range(0, k, 128)):
+        partial = torch.zeros(m, n, dtype=torch.float64)
+        for j in range(start, min(k, start + 128), step):
+            partial = _truncated(partial + a[:, j:j + step] @ b[j:j + step], 14)
+        column_scales = b_scale[block].double().repeat_interleave(128)[:n]
+        scaled = partial * a_scale[:, block:block + 1].double() * column_scales
+        out = (out + scaled).float().double()  # the fp32 accumulator
+    return out.float()
+
+
+def _reference(inputs: tuple) -> dict:
+    return fp8_gemm._reference(*(t.double() for t in inputs))
+
+
+# The GPU cases with fewer rows and columns (the interpreter's time), the same K: the
+# accumulation that loses bits is along K.
+GPU_LIKE = {
+    "ragged": ({"m": 100, "n": 200, "k": 1000}, "", ()),
+    "as stored": ({"m": 64, "n": 256, "k": 2048}, fp8_gemm.WEIGHTS_AS_STORED, ("b",)),
+    "outliers": ({"m": 32, "n": 256, "k": 4096}, fp8_gemm.OUTLIERS, ()),
+}
+
+
+@pytest.mark.parametrize("name", GPU_LIKE)
+def test_hopper_like_partial_sums_pass_on_a_gpu_and_not_in_the_interpreter(name):
+    inputs = _inputs(*GPU_LIKE[name])
+    reference = _reference(inputs)
+    out = _hopper_like(*inputs)
+    product = reference["product"]
+    # The emulated sums are really off: far more than fp32 sums of exact products.
+    assert float((out.double() - product).norm() / product.norm()) > 3e-5
+    assert fp8_gemm.compare_block_gemm(out, reference, on_gpu=True) == ""
+    assert "worst element" in fp8_gemm.compare_block_gemm(out, reference, on_gpu=False)
+
+
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_the_exact_answer_rounded_to_bf16_fails_in_both_worlds(on_gpu):
+    for sizes, note, transposed in GPU_LIKE.values():
+        reference = _reference(_inputs(sizes, note, transposed))
+        rounded = reference["product"].to(torch.bfloat16).float()
+        cause = fp8_gemm.compare_block_gemm(rounded, reference, on_gpu=on_gpu)
+        assert cause.startswith("output: relative error"), cause
+
+
+def test_one_element_off_fails_on_a_gpu_where_the_norm_hides_it():
+    inputs = _inputs(*GPU_LIKE["outliers"])
+    reference = _reference(inputs)
+    out = reference["product"].clone()
+    out[16, 7] += 0.01 * reference["magnitude"][16, 7]  # the outliers' row
+    cause = fp8_gemm.compare_block_gemm(out.float(), reference, on_gpu=True)
+    assert "worst element off by 1.00e-02" in cause and "at (16, 7)" in cause, cause
+
+
+def _scaled(a, a_scale, b, b_scale, how):
+    """The slips' outputs, each summed as Hopper's tensor cores would."""
+    ones_a, ones_b = torch.ones_like(a_scale), torch.ones_like(b_scale)
+    if how == "no scales":
+        return _hopper_like(a, ones_a, b, ones_b)
+    if how == "divided":
+        return _hopper_like(a, 1 / a_scale, b, 1 / b_scale)
+    if how == "summed first":
+        last = b_scale[-1].repeat_interleave(128)[:b.shape[1]]
+        return _hopper_like(a, ones_a, b, ones_b) * a_scale[:, -1:] * last
+    return _hopper_like(a, a_scale, b, b_scale.t())  # read across
+
+
+GPU_SLIPS = {"no scales": "the scales were never applied",
+             "divided": "divided by the scales",
+             "summed first": "one scale for the whole sum",
+             "read across": "[column block, K block]"}
+
+
+@pytest.mark.parametrize("how", GPU_SLIPS)
+def test_the_slips_summed_as_on_a_gpu_are_named_there(how):
+    # Square weight scales (4 × 4), so that reading them across is still a scale.
+    inputs = _inputs({"m": 48, "n": 512, "k": 512}, fp8_gemm.WEIGHTS_AS_STORED, ("b",))
+    reference = _reference(inputs)
+    cause = fp8_gemm.compare_block_gemm(_scaled(*inputs, how), reference, on_gpu=True)
+    assert GPU_SLIPS[how] in cause and cause.startswith("output: relative error"), cause
+    assert getattr(cause, "diagnosed", False)  # the card leads with a named slip
+
+
+def test_the_form_is_checked_as_for_every_problem():
+    from rooflab.autograder.evidence import poison
+
+    reference = _reference(_inputs({"m": 8, "n": 128, "k": 256}))
+    product = reference["product"]
+    check = fp8_gemm.compare_block_gemm
+    assert "dtype bf16" in check(product.to(torch.bfloat16), reference, on_gpu=True)
+    assert "shape (8, 64)" in check(product[:, :64].float(), reference, on_gpu=True)
+    assert "never written" in check(poison.fill(torch.empty(8, 128)), reference, on_gpu=True)
+    nan = product.float()
+    nan[3, 4] = float("nan")
+    assert "NaN/inf" in check(nan, reference, on_gpu=True)
+    assert check(product.float(), reference, on_gpu=True) == ""
+
+
+def test_the_gpu_tolerances_replace_the_cpu_s_on_a_gpu_only():
+    spec = fp8_gemm.PROBLEM
+    assert spec.tolerance(torch.float32, on_gpu=True) == fp8_gemm.GPU_TOLERANCE
+    assert spec.tolerance(torch.float32, on_gpu=False) == fp8_gemm.CPU_TOLERANCE
+
+
 # --- the benchmark ------------------------------------------------------------------------------
 
 
