@@ -120,8 +120,7 @@ class CudaKernel:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         index = device.index if device is not None and device.index is not None else \
             torch.cuda.current_device()
-        with cupy.cuda.Device(index), \
-                cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream):
+        with cupy.cuda.Device(index), _cupy_stream(torch.cuda.current_stream(index)):
             converted = []
             for arg in args:
                 if isinstance(arg, torch.Tensor):
@@ -133,6 +132,18 @@ class CudaKernel:
                 else:
                     converted.append(np.float32(arg))
             self._compiled(tuple(grid), tuple(block), tuple(converted))
+
+
+def _cupy_stream(stream: torch.cuda.Stream):
+    """CuPy's handle on torch's ``stream``: CuPy 14 takes it through the CUDA stream
+    protocol (``__cuda_stream__``) and deprecates ``ExternalStream``, which older CuPy
+    has alone."""
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None and hasattr(stream, "__cuda_stream__"):
+        return from_external(stream)
+    return cupy.cuda.ExternalStream(stream.cuda_stream)
 
 
 def cupy_missing() -> bool:
