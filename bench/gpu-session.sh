@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# What a session with a lent GPU runs. Each mode fits one 10-minute command and writes each
-# result as soon as it is measured, so a run cut short still leaves what it measured:
+# What a session with a lent GPU runs: named steps, in the order given, each under a time
+# limit, each result written as soon as it is measured, so that a call cut short still
+# leaves what it measured. One device call runs at most 10 minutes: give each call the
+# steps that fit, most valuable first.
 #
-#   bash bench/gpu-session.sh first   # the labs' GPU paths, most valuable first (below)
-#   bash bench/gpu-session.sh test    # the whole suite as `make test` runs it, timed
-#   bash bench/gpu-session.sh bench   # this card's ceilings and every benchmark, as JSON
+#   bash bench/gpu-session.sh                       # roofline bars gpu-tests notebooks
+#   bash bench/gpu-session.sh bars notebooks        # just these
+#   LABS="08 09" bash bench/gpu-session.sh notebooks
+#   BENCHES="matmul attention" bash bench/gpu-session.sh roofline benches
+#
+# Steps: roofline (this card's ceilings, which every fraction is taken against), bars
+# (each timed problem's solution against its bar, tests/test_solutions.py), gpu-tests (the
+# other GPU tests), notebooks (the solved notebooks under nbval, one lab at a time), benches
+# (`rooflab bench`, as JSON, gated against this card's newest record), suite (the tests
+# that are not GPU tests, as `make test` runs them, serially: a timed check shares the
+# card with nothing). `test` and `bench` are the older names of `suite` and
+# `roofline benches`.
 #
 # The GPU image has torch, triton, cupy and pytest but no nbval, nbclient, ipykernel,
 # plotly or ipywidgets, and reaches no package index: run bench/gpu-wheels.sh first, on a
@@ -12,8 +23,8 @@
 # folder, packed after every step into $OUT/results.tgz (the device tool brings back few
 # files); without $OUT they stay in bench/results/.
 set -uo pipefail
-results=${OUT:+/tmp/gpu-results}
-results=${results:-bench/results}
+# A fresh folder per call: a warm machine keeps /tmp from the call before.
+if [ -n "${OUT:-}" ]; then results=$(mktemp -d /tmp/gpu-results.XXXX); else results=bench/results; fi
 mkdir -p "$results"
 export PYTHONUNBUFFERED=1
 log="$results/session.log"
@@ -51,44 +62,35 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
   python3 -m rooflab.autograder.cli doctor; } 2>&1 | tee "$results/gpu.txt" | tee -a "$log"
 notebooks=$(python3 -c "import nbval, nbclient, plotly, ipywidgets" 2>/dev/null && echo yes)
 
-# benches LIMIT NAME...: one step per benchmark, each gated against this card's newest record.
-benches() {
-  local limit=$1 bench
-  shift
-  for bench in "$@"; do
-    step "$limit" "bench-$bench" python3 -m rooflab.autograder.cli bench "$bench" \
-      --json "$results/" --baseline newest
-  done
+
+run_step() {
+  case "$1" in
+    roofline) step 60 roofline python3 -m rooflab.autograder.cli roofline --json "$results/" ;;
+    bars) step 300 bars python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_solutions.py ;;
+    gpu-tests) step 240 gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests \
+                 --ignore tests/test_solutions.py ;;
+    notebooks)
+      if [ -z "$notebooks" ]; then
+        echo "no nbval/nbclient/plotly/ipywidgets here: the notebooks are not run" | tee -a "$log"
+        return
+      fi
+      for lab in ${LABS:-00 01 02 03 04 05 06 07 08 09 10}; do
+        step 240 "nbval-$lab" python3 -m pytest -q -p no:cacheprovider --nbval-lax \
+          --nbval-current-env solutions/${lab}_*.ipynb
+      done ;;
+    benches)
+      for bench in ${BENCHES:-coalescing matmul softmax attention topk sampling kmeans amp allreduce fsdp}; do
+        step 150 "bench-$bench" python3 -m rooflab.autograder.cli bench "$bench" \
+          --json "$results/" --baseline newest
+      done ;;
+    suite) step 590 suite python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests ;;
+    test) run_step suite ;;
+    bench) run_step roofline; run_step benches ;;
+    *) echo "unknown step '$1': roofline bars gpu-tests notebooks benches suite" >&2; exit 2 ;;
+  esac
 }
 
-case "${1:-first}" in
-  first)
-    # 1. this card's ceilings, which every roofline fraction below is taken against;
-    # 2. each timed problem's solution against its bar; 3. the benchmarks of labs 05-07
-    # (never measured); 4. the other GPU tests; 5. the solved notebooks of labs 05-09.
-    step 60 roofline python3 -m rooflab.autograder.cli roofline --json "$results/"
-    step 150 bars python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_solutions.py
-    benches 75 ${FIRST_BENCHES:-topk sampling kmeans amp}
-    step 120 gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests \
-      --ignore tests/test_solutions.py
-    if [ -n "$notebooks" ]; then
-      for lab in 05 06 07 08 09; do
-        step 120 "nbval-$lab" python3 -m pytest -q -p no:cacheprovider --nbval-lax \
-          --nbval-current-env solutions/${lab}_*.ipynb
-      done
-    else
-      echo "no nbval/nbclient/plotly/ipywidgets here: the notebooks are not run" | tee -a "$log"
-    fi
-    ;;
-  test)
-    targets=(tests)
-    [ -n "$notebooks" ] && targets=(--nbval-lax --nbval-current-env tests solutions)
-    step 590 make-test python3 -m pytest -q -ra -p no:cacheprovider "${targets[@]}"
-    ;;
-  bench)
-    step 60 roofline python3 -m rooflab.autograder.cli roofline --json "$results/"
-    benches 150 ${BENCHES:-coalescing matmul softmax attention topk sampling kmeans amp allreduce fsdp}
-    ;;
-  *) echo "usage: bash bench/gpu-session.sh first|test|bench" >&2; exit 2 ;;
-esac
+for name in "${@:-roofline bars gpu-tests notebooks}"; do
+  for one in $name; do run_step "$one"; done
+done
 pack
