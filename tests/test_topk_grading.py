@@ -408,12 +408,19 @@ def test_the_timed_cases_are_the_shapes_of_the_goals():
     assert timed["topk/stream"].sizes["n"] == 1 << 26
 
 
-def test_the_bars_are_set_below_what_a_sort_could_reach():
+def test_a_sort_is_kept_out_by_the_trace_not_by_the_time_bar():
     """A full sort of a row moves it through memory at least log2(n / 4096) times, in and
     out, 16 bytes a score a pass (word and position): at 256 x 262144 that is more than 10
-    times the compulsory bytes, under 10% of the roofline, where the radix bar is."""
-    radix = get_problem("topk/radix")
+    times the compulsory bytes, under 4% of the roofline. The radix bar (half of what the
+    course's kernel measured on an H100, 7%) is no higher than that, so the trace keeps a
+    sort out: each pass stores the row again, past the scratch a radix select may write
+    (test_a_copy_of_the_scores_in_scratch_fails)."""
+    radix, rows = get_problem("topk/radix"), get_problem("topk/rows")
     passes = int(np.log2(262144 / 4096))
     sort_fraction = 4 / (4 + 16 * passes)
-    assert sort_fraction < radix.levels.passing
-    assert radix.at_least_vs_baseline > 1 and radix.baseline is not None
+    assert radix.levels.passing <= sort_fraction < radix.levels.excellent
+    assert radix.trace_check is problems.radix_structure
+    assert any(case.note == problems.TRAFFIC for case in radix.cpu_cases)
+    # Against torch.topk, radix select must do better than one program per row.
+    assert radix.at_least_vs_baseline > rows.at_least_vs_baseline > 0
+    assert radix.baseline is not None
