@@ -80,7 +80,9 @@ book/node_modules/.package-lock.json: book/package.json book/package-lock.json
 browser-test: $(STAMP) book
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/browser
 
-# On a GPU machine: the GPU tests (the course's solutions held to their bars among them),
+# On a GPU machine `make test` grades correctness only (its workers share the card; see
+# tests/conftest.py), and these run one at a time with the card to themselves:
+# the GPU tests (the course's solutions held to their bars among them),
 # every solved notebook under nbval, then this card's ceilings and the benchmarks as JSON
 # in $(OUT)/ (<card>-<date>[-<bench>].json). PY is the interpreter rooflab is installed in;
 # `make test` or `pip install --no-deps -e .` installs it. With little GPU time, run the

@@ -31,6 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if why_unavailable():
         os.environ["ROOFLAB_UNCONFINED"] = "1"
+    # Several workers on one GPU: each one's kernels run beside the others', so no check
+    # times anything here (correctness only), and the GPU tests, which time or fill the
+    # card, wait for `make gpu-test`, which has it to itself.
+    if ON_GPU and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ["ROOFLAB_SHARED_GPU"] = "1"
     if "ROOFLAB_CACHE_DIR" not in os.environ:
         import tempfile
 
@@ -65,3 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"CPU world only: {why}"))
         elif not ON_GPU and item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        elif os.environ.get("ROOFLAB_SHARED_GPU") == "1" and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason=(
+                "the GPU is shared by this run's workers: `make gpu-test` runs the GPU "
+                "tests with the card to itself")))

@@ -360,3 +360,29 @@ def test_an_error_inside_a_library_is_placed_on_the_learners_line():
     assert "JSONDecodeError" in result.causes[0]
     assert "(at test_engine.py:" in result.causes[0], result.causes[0]
     assert "decoder.py" not in result.message()
+
+
+def test_a_gpu_shared_with_other_work_grades_correctness_and_times_nothing(monkeypatch):
+    """With ROOFLAB_SHARED_GPU=1 (a suite on several workers, one GPU), a check on a GPU
+    that could time says it timed nothing and why; without it, it goes on to measure the
+    card's ceilings and time (which this CPU refuses)."""
+    from dataclasses import dataclass
+
+    from rooflab.autograder import get_problem
+    from rooflab.autograder.checking import engine
+    from rooflab.autograder.checking.result import CheckResult
+    from rooflab.autograder.device import Device
+
+    @dataclass(frozen=True)
+    class Measuring(Device):
+        can_measure = True  # as on a GPU without the interpreter
+
+    card = Measuring("gpu", "a shared card", "cpu")
+    spec = get_problem("coalescing/vector_add")
+    monkeypatch.setenv("ROOFLAB_SHARED_GPU", "1")
+    perf = engine._performance(spec, None, card, 0, True, CheckResult(spec.id, card.mode, 0))
+    assert not perf.measured
+    assert "the GPU is shared with other work now: ROOFLAB_SHARED_GPU=1" in perf.line
+    monkeypatch.delenv("ROOFLAB_SHARED_GPU")
+    with pytest.raises(RuntimeError, match="ceilings can only be measured on a GPU"):
+        engine._performance(spec, None, card, 0, True, CheckResult(spec.id, card.mode, 0))

@@ -729,14 +729,16 @@ def _performance(
     result: CheckResult,
 ) -> Performance:
     """Time the largest case on a GPU; elsewhere only say what would bound it."""
-    if not info.can_measure or not measure:
+    shared = info.can_measure and device_layer.gpu_shared()
+    if not info.can_measure or not measure or shared:
         # Nothing is measured; say what would bound the real-size case on the default card,
         # from the cost model and the datasheet alone.
         case = timed_case(spec.gpu_cases or spec.cpu_cases, spec)
         cost = spec.cost(case)
         ceilings = roofline.from_datasheet()
-        why = "no GPU" if not info.is_gpu else ("interpreter forced" if not info.can_measure
-                                                else "measure=False")
+        why = ("no GPU" if not info.is_gpu else "interpreter forced" if not info.can_measure
+               else "measure=False" if not measure
+               else f"the GPU is shared with other work now: {device_layer.SHARED_GPU_VAR}=1")
         return Performance(case, cost, ceilings, roofline.time_floor(cost, ceilings),
                            not_measured=why)
 
