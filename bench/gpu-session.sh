@@ -12,9 +12,9 @@
 # Steps: roofline (this card's ceilings, which every fraction is taken against), bars
 # (each timed problem's solution against its bar, tests/test_solutions.py), gpu-tests (the
 # other GPU tests), notebooks (the solved notebooks under nbval, one lab at a time), benches
-# (`rooflab bench`, as JSON, gated against this card's newest record), suite (the tests
-# that are not GPU tests, as `make test` runs them, serially: a timed check shares the
-# card with nothing). `test` and `bench` are the older names of `suite` and
+# (`rooflab bench`, as JSON, gated against this card's newest record), suite (`make test`:
+# the solved notebooks and the tests on 12 workers, correctness only, since they share
+# the card; the GPU tests skipped there). `test` and `bench` are the older names of `suite` and
 # `roofline benches`.
 #
 # The GPU image has torch, triton, cupy and pytest but no nbval, nbclient, ipykernel,
@@ -83,7 +83,8 @@ run_step() {
         step 150 "bench-$bench" python3 -m rooflab.autograder.cli bench "$bench" \
           --json "$results/" --baseline newest
       done ;;
-    suite) step 590 suite python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests ;;
+    suite) step 590 suite python3 -m pytest -q -p no:cacheprovider -n 12 --dist loadfile \
+             --nbval-lax --nbval-current-env solutions tests ;;
     test) run_step suite ;;
     bench) run_step roofline; run_step benches ;;
     *) echo "unknown step '$1': roofline bars gpu-tests notebooks benches suite" >&2; exit 2 ;;
