@@ -22,20 +22,17 @@ must be the same with an L2 shrunk by the factor its footprint grows by.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import calibration_support as calibration
 import pytest
 import torch
 
 from rooflab.autograder.device import roofline
 from rooflab.autograder.model import traffic
-from rooflab.autograder.model.time_model import dot_dtype
 from rooflab.autograder.model.trace import tracing
 from rooflab.kernels import matmul, softmax, strided_copy, transpose, vector_add
 
@@ -137,61 +134,7 @@ def trace(point: dict, sizes: dict) -> list:
     return tracer.launches
 
 
-# --- Extrapolation --------------------------------------------------------------------
-
-_COUNTS = ("requested_load", "requested_store", "load_sectors", "store_sectors",
-           "partial_store_sectors", "rounds", "flops")
-_TENSOR_COUNTS = ("requested", "sectors", "read_refs", "read_distinct", "read_misses",
-                  "written")
-_SAME = ("kernel", "num_warps", "num_stages", "dot")
-
-
-def _counts(report: traffic.TrafficReport) -> dict[str, float]:
-    counts = {"programs": report.programs, **{c: getattr(report, c) for c in _COUNTS}}
-    for tensor in report.per_tensor.values():
-        counts |= {f"{tensor.name}.{c}": getattr(tensor, c) for c in _TENSOR_COUNTS}
-    return counts
-
-
-def _power(base: float, grown: float, where: str) -> int:
-    """The exponent e with grown == base · 2^e exactly: a count that is not a monomial of
-    the doubled sizes would extrapolate wrongly."""
-    if base == 0:
-        assert grown == 0, f"{where}: 0 at the traced size, {grown} doubled"
-        return 0
-    e = round(math.log2(grown / base))
-    assert e >= 0 and grown == base * 2**e, f"{where}: {base} → {grown} is not base·2^e"
-    return e
-
-
-def extrapolate(base: traffic.TrafficReport, grown: list[traffic.TrafficReport],
-                factors: list[float]) -> traffic.TrafficReport:
-    """The report at the measured size: each count times Π factor^e, e its exact exponent
-    in each group of sizes (``grown[i]``: group i doubled)."""
-    counts = _counts(base)
-    scaled = dict(counts)
-    for report, factor in zip(grown, factors, strict=True):
-        assert all(getattr(report, a) == getattr(base, a) for a in _SAME), report.kernel
-        doubled = _counts(report)
-        for name, value in counts.items():
-            scaled[name] *= factor ** _power(value, doubled[name], f"{base.kernel} {name}")
-    tensors = {name: dataclasses.replace(
-        t, **{c: scaled[f"{name}.{c}"] for c in _TENSOR_COUNTS})
-        for name, t in base.per_tensor.items()}
-    return dataclasses.replace(base, grid=(round(scaled["programs"]), 1, 1),
-                               per_tensor=tensors, **{c: scaled[c] for c in _COUNTS})
-
-
-def _same_misses_with_a_smaller_l2(launch, report, full, card) -> None:
-    """The L2 premise: the traced launch misses the same with an L2 shrunk by the factor
-    its footprint grows by, so the real L2 against the measured footprint does too."""
-    traced = sum(t.read_distinct for t in report.per_tensor.values())
-    if not traced:
-        return
-    grow = sum(t.read_distinct for t in full.per_tensor.values()) / traced
-    shrunk = traffic.analyze(launch, card, l2_bytes=int(card.l2_bytes / grow))
-    assert [t.read_misses for t in shrunk.per_tensor.values()] == \
-        [t.read_misses for t in report.per_tensor.values()], launch.kernel
+# --- Extrapolation (the method: tests/calibration_support.py) ---------------------------
 
 
 def predicted_at_measured_size(point: dict) -> tuple[traffic.Prediction, dict]:
@@ -199,24 +142,9 @@ def predicted_at_measured_size(point: dict) -> tuple[traffic.Prediction, dict]:
     group of sizes doubled; with the trace and extrapolation's wall time."""
     ceilings, card = target()
     plan = TRACED[point["workload"]]
-    full_sizes = point["sizes"]
-    start = time.perf_counter()
-    launches = trace(point, plan.base)
-    reports = [traffic.analyze(launch, card) for launch in launches]
-    grown, factors = [], []
-    for group in plan.grows:
-        sizes = {**plan.base, **{d: 2 * plan.base[d] for d in group}}
-        grown.append([traffic.analyze(launch, card) for launch in trace(point, sizes)])
-        ratio = {full_sizes[d] / plan.base[d] for d in group}
-        assert len(ratio) == 1, f"{group} must grow by one factor"
-        factors.append(ratio.pop())
-    full = [extrapolate(r, [g[i] for g in grown], factors) for i, r in enumerate(reports)]
-    for launch, report, at_size in zip(launches, reports, full, strict=True):
-        _same_misses_with_a_smaller_l2(launch, report, at_size, card)
-    flops = sum(r.flops for r in full)
-    dtype = next((dot_dtype(r.dot) for r in full if r.dot), "fp32")
-    prediction = traffic.prediction(full, flops, 0, dtype, ceilings, card, point["workload"])
-    return prediction, {"seconds": time.perf_counter() - start}
+    return calibration.predicted_at_measured_size(
+        lambda sizes: trace(point, sizes), plan.base, plan.grows, point["sizes"], ceilings,
+        card, point["workload"])
 
 
 @pytest.fixture(scope="module")
@@ -281,4 +209,5 @@ def test_extrapolated_counts_are_the_counts_traced_at_that_size(workload, sizes)
     extrapolated, _ = predicted_at_measured_size(point)
     _, card = target()
     traced = [traffic.analyze(launch, card) for launch in trace(point, sizes)]
-    assert [_counts(r) for r in extrapolated.reports] == [_counts(r) for r in traced]
+    assert [calibration.counts(r) for r in extrapolated.reports] == \
+        [calibration.counts(r) for r in traced]
