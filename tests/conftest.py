@@ -15,9 +15,15 @@ import os
 import pytest
 import torch
 
-import rooflab.autograder  # noqa: F401
-
 ON_GPU = torch.cuda.is_available()
+# Several workers on one GPU: each one's kernels run beside the others', so no check times
+# anything here (correctness only), and the GPU tests, which time or fill the card, wait
+# for `make gpu-test`, which has it to itself. Set before the autograder is imported,
+# which reads it once; pytest-xdist sets the worker count before a worker loads this file.
+if ON_GPU and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ["ROOFLAB_SHARED_GPU"] = "1"
+
+import rooflab.autograder  # noqa: E402, F401
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,11 +37,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if why_unavailable():
         os.environ["ROOFLAB_UNCONFINED"] = "1"
-    # Several workers on one GPU: each one's kernels run beside the others', so no check
-    # times anything here (correctness only), and the GPU tests, which time or fill the
-    # card, wait for `make gpu-test`, which has it to itself.
-    if ON_GPU and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-        os.environ["ROOFLAB_SHARED_GPU"] = "1"
     if "ROOFLAB_CACHE_DIR" not in os.environ:
         import tempfile
 

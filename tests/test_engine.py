@@ -362,27 +362,36 @@ def test_an_error_inside_a_library_is_placed_on_the_learners_line():
     assert "decoder.py" not in result.message()
 
 
-def test_a_gpu_shared_with_other_work_grades_correctness_and_times_nothing(monkeypatch):
-    """With ROOFLAB_SHARED_GPU=1 (a suite on several workers, one GPU), a check on a GPU
-    that could time says it timed nothing and why; without it, it goes on to measure the
-    card's ceilings and time (which this CPU refuses)."""
+def test_a_gpu_shared_with_other_work_grades_correctness_and_times_nothing(monkeypatch,
+                                                                          tmp_path):
+    """Declared shared when the autograder was imported (ROOFLAB_SHARED_GPU=1: a suite on
+    several workers, one GPU), a check on a GPU that could time says it timed nothing and
+    why. Setting the variable later (a learner's cell) changes nothing, and under
+    `rooflab grade` the declaration is ignored: a record must carry its timing."""
     from dataclasses import dataclass
 
-    from rooflab.autograder import get_problem
-    from rooflab.autograder.checking import engine
+    from rooflab.autograder import device, get_problem
+    from rooflab.autograder.checking import engine, handin
     from rooflab.autograder.checking.result import CheckResult
-    from rooflab.autograder.device import Device
 
     @dataclass(frozen=True)
-    class Measuring(Device):
+    class Measuring(device.Device):
         can_measure = True  # as on a GPU without the interpreter
 
     card = Measuring("gpu", "a shared card", "cpu")
     spec = get_problem("coalescing/vector_add")
-    monkeypatch.setenv("ROOFLAB_SHARED_GPU", "1")
-    perf = engine._performance(spec, None, card, 0, True, CheckResult(spec.id, card.mode, 0))
+
+    def performance():
+        return engine._performance(spec, None, card, 0, True, CheckResult(spec.id, card.mode, 0))
+
+    # Not declared: it goes on to measure the card's ceilings and time (a CPU refuses).
+    monkeypatch.setenv("ROOFLAB_SHARED_GPU", "1")  # too late: read at import
+    with pytest.raises(RuntimeError, match="ceilings can only be measured on a GPU"):
+        performance()
+    monkeypatch.setattr(device, "SHARED_GPU", True)  # as if set before the import
+    perf = performance()
     assert not perf.measured
     assert "the GPU is shared with other work now: ROOFLAB_SHARED_GPU=1" in perf.line
-    monkeypatch.delenv("ROOFLAB_SHARED_GPU")
+    monkeypatch.setenv(handin.INTO_ENV, str(tmp_path))  # a notebook run by rooflab grade
     with pytest.raises(RuntimeError, match="ceilings can only be measured on a GPU"):
-        engine._performance(spec, None, card, 0, True, CheckResult(spec.id, card.mode, 0))
+        performance()

@@ -120,9 +120,15 @@ def interpreter_enabled() -> bool:
     return os.environ.get(INTERPRET_VAR, "0").lower() in ("1", "true", "on", "yes")
 
 
+# Read once, when the autograder is imported (a lab's first cell, a graded child's start),
+# before any learner code runs: setting the variable later changes nothing.
+SHARED_GPU = os.environ.get(SHARED_GPU_VAR) == "1"
+
+
 def gpu_shared() -> bool:
-    """Whether this GPU is declared shared with other work now (``ROOFLAB_SHARED_GPU=1``)."""
-    return os.environ.get(SHARED_GPU_VAR) == "1"
+    """Whether this GPU was declared shared with other work (``ROOFLAB_SHARED_GPU=1`` when
+    the autograder was imported)."""
+    return SHARED_GPU
 
 
 def _kernels_defined_for_gpu() -> list[str]:
