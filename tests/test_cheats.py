@@ -223,6 +223,58 @@ def test_the_tutorials_autotune_without_do_bench_passes():
     assert result.passed, result.message()
 
 
+def test_an_autotuner_that_runs_every_configuration_is_graded_on_the_one_it_chose():
+    """On a GPU, Triton's do_bench runs each configuration hundreds of times (zeroing an
+    L2-flush buffer between runs) before the autotuner launches the one it chose. Those
+    runs are not the candidate's answer: neither its recorded steps nor its trace. Here a
+    do_bench that runs each configuration as Triton's does, and prefers the second, a tile
+    that fits an SM, while the first (256 × 128 × 64, 3 stages, 288 KiB in fp32) does not:
+    the check sees only the launch chosen."""
+    import itertools
+
+    import triton
+
+    from rooflab.kernels import matmul as mm
+
+    calls = itertools.count()
+
+    def gpu_like_bench(kernel_call, quantiles=None, **_):
+        flush = torch.empty(1 << 12, dtype=torch.int32)
+        for _ in range(3):
+            flush.zero_()
+            kernel_call()
+        ms = 2.0 if next(calls) % 2 == 0 else 1.0  # the first configuration is slower
+        return [ms, ms, ms] if quantiles else ms
+
+    def config(bm, bn, bk, stages):
+        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                             num_warps=4, num_stages=stages)
+
+    tuned = triton.autotune(configs=[config(256, 128, 64, 3), config(64, 64, 32, 3)],
+                            key=["M", "N", "K", "stride_ak", "stride_bn", "INPUT_PRECISION"],
+                            do_bench=gpu_like_bench)(mm.matmul_kernel)
+
+    def matmul(a, b):
+        c, args, constants = mm._launch_arguments(a, b, None, "none", "tf32")
+        M, N = c.shape
+        tuned[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
+            *args, **constants)
+        return c
+
+    result = grade(matmul, problem="matmul/autotuned")
+    assert next(calls) > 2  # every configuration was run, for each shape
+    assert result.passed, result.message()
+    # A new shape: the autotuner runs both configurations three times, then the chosen one
+    # once; the recording keeps that one launch as the candidate's step, and no flush.
+    from rooflab.autograder.evidence.recording import recorder
+
+    with recorder() as recording:
+        matmul(torch.randn(40, 48), torch.randn(48, 72))
+    assert recording.triton_launches == {"matmul_kernel": 1}, recording.triton_launches
+    assert [step.what for step in recording.steps] == ["matmul_kernel"]
+    assert recording.autotuned == {"matmul_kernel": 1}
+
+
 @pytest.mark.cpu("the passes over x are counted from the interpreter's trace")
 @pytest.mark.parametrize("candidate, words", [
     (cheats.softmax_in_three_loops, "reads x 3.0 times"),

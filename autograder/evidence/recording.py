@@ -290,13 +290,26 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
     autotuner = _autotuner_class()
     if autotuner is not None:
         original_tune = autotuner.run
+        original_bench = autotuner.__dict__.get("_bench")
 
         def tune(self, *args, **kwargs):
             if not mode.paused:
                 recording.autotuned[getattr(self.fn, "__name__", "kernel")] += 1
             return original_tune(self, *args, **kwargs)
 
+        def bench(self, *args, **kwargs):
+            # Timing one configuration is not the candidate's answer: on a GPU it launches
+            # every configuration hundreds of times, between zeroed L2-flush buffers. Only
+            # the launch with the configuration chosen is the candidate's step.
+            mode.paused += 1
+            try:
+                return original_bench(self, *args, **kwargs)
+            finally:
+                mode.paused -= 1
+
         autotuner.run = tune
+        if original_bench is not None:
+            autotuner._bench = bench
     _active.append((recording, mode))
     try:
         with mode, _cuda_launches_noted(), new_threads_watched():
@@ -307,4 +320,6 @@ def recorder(recording: Recording | None = None) -> Iterator[Recording]:
             cls.run = original
         if autotuner is not None:
             autotuner.run = original_tune
+            if original_bench is not None:
+                autotuner._bench = original_bench
         recording.aten_ops.update(mode.ops)

@@ -225,14 +225,32 @@ def _hooks() -> Iterator[None]:
             tracer.launches.append(tracer._current)
             tracer._current = outer
 
+    # An autotuner timing its configurations (a do_bench that runs each one, as Triton's
+    # does on a GPU) launches configurations it will not choose: those launches go to a
+    # tracer of their own, and only the chosen one's launch is the traced case's.
+    from triton.runtime.autotuner import Autotuner
+
+    original_bench = Autotuner.__dict__.get("_bench")
+
+    def bench(self, *args, **kwargs):
+        _tracers.append(Tracer(keep_lanes=False))
+        try:
+            return original_bench(self, *args, **kwargs)
+        finally:
+            _tracers.pop()
+
     for name, wrapper in (("create_masked_load", load), ("create_masked_store", store),
                           ("create_atomic_rmw", rmw), ("create_atomic_cas", cas),
                           ("create_dot", dot)):
         setattr(builder, name, wrapper)
     InterpretedFunction.run = run
+    if original_bench is not None:
+        Autotuner._bench = bench
     try:
         yield
     finally:
         InterpretedFunction.run = original_run
+        if original_bench is not None:
+            Autotuner._bench = original_bench
         for name in originals:
             delattr(builder, name)  # back to the class's methods
