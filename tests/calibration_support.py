@@ -14,10 +14,13 @@ either premise raises ``NotExtrapolable``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from rooflab.autograder.device import roofline
 from rooflab.autograder.model import traffic
 from rooflab.autograder.model.time_model import dot_dtype
 
@@ -26,6 +29,20 @@ COUNTS = ("requested_load", "requested_store", "load_sectors", "store_sectors",
 TENSOR_COUNTS = ("requested", "sectors", "read_refs", "read_distinct", "read_misses",
                  "written")
 SAME = ("kernel", "num_warps", "num_stages", "dot")
+
+
+def read_record(path: Path) -> dict:
+    """A calibration record (bench/calibration/<card>-<date>.json)."""
+    return json.loads(path.read_text())
+
+
+def record_target(path: Path):
+    """The record's measured ceilings, and its card's datasheet geometry, which must agree
+    with what the card reported."""
+    ceilings, card = roofline.target(str(path))
+    geometry = read_record(path)["geometry"]
+    assert (card.sm_count, card.l2_bytes) == (geometry["sm_count"], geometry["l2_bytes"])
+    return ceilings, card
 
 
 class NotExtrapolable(AssertionError):

@@ -22,7 +22,6 @@ must be the same with an L2 shrunk by the factor its footprint grows by.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,6 @@ import calibration_support as calibration
 import pytest
 import torch
 
-from rooflab.autograder.device import roofline
 from rooflab.autograder.model import traffic
 from rooflab.autograder.model.trace import tracing
 from rooflab.kernels import matmul, softmax, strided_copy, transpose, vector_add
@@ -115,16 +113,12 @@ TRACED: dict[str, Traced] = {
 
 
 def record() -> dict:
-    return json.loads(RECORD.read_text())
+    return calibration.read_record(RECORD)
 
 
 def target():
-    """The H200's measured ceilings, and its datasheet geometry (which must agree with
-    what the card reported)."""
-    ceilings, card = roofline.target(str(RECORD))
-    geometry = record()["geometry"]
-    assert (card.sm_count, card.l2_bytes) == (geometry["sm_count"], geometry["l2_bytes"])
-    return ceilings, card
+    """The H200's measured ceilings and datasheet geometry."""
+    return calibration.record_target(RECORD)
 
 
 def trace(point: dict, sizes: dict) -> list:

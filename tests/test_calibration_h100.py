@@ -37,7 +37,6 @@ time model does not use read_refs; every count it uses extrapolates exactly.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -48,7 +47,6 @@ import calibration_support as calibration
 import pytest
 import torch
 
-from rooflab.autograder.device import roofline
 from rooflab.autograder.model.trace import tracing
 from rooflab.kernels import amp, kmeans, topk
 
@@ -245,16 +243,12 @@ TRACED: dict[str, Traced] = {
 
 
 def record() -> dict:
-    return json.loads(RECORD.read_text())
+    return calibration.read_record(RECORD)
 
 
 def target():
-    """The H100's measured ceilings, and its datasheet geometry (which must agree with
-    what the card reported)."""
-    ceilings, card = roofline.target(str(RECORD))
-    geometry = record()["geometry"]
-    assert (card.sm_count, card.l2_bytes) == (geometry["sm_count"], geometry["l2_bytes"])
-    return ceilings, card
+    """The H100's measured ceilings and datasheet geometry."""
+    return calibration.record_target(RECORD)
 
 
 def trace(workload: str, sizes: dict) -> list:

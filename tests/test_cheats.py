@@ -198,6 +198,22 @@ def test_an_autotuned_exercise_without_the_autotuner_fails():
     assert "one fixed configuration" in result.causes[0]
 
 
+def _autotuned_matmul(tuned):
+    """The course's matmul wrapper around an autotuned ``matmul_kernel``."""
+    import triton
+
+    from rooflab.kernels import matmul as mm
+
+    def matmul(a, b):
+        c, args, constants = mm._launch_arguments(a, b, None, "none", "tf32")
+        M, N = c.shape
+        tuned[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
+            *args, **constants)
+        return c
+
+    return matmul
+
+
 def test_the_tutorials_autotune_without_do_bench_passes():
     """As Triton's tutorial writes it: no do_bench=, so on a CPU there is no GPU timer to
     ask; the configurations are ranked by the traffic model instead."""
@@ -212,12 +228,7 @@ def test_the_tutorials_autotune_without_do_bench_passes():
                                num_warps=4, num_stages=4)],
         key=["M", "N", "K"])(mm.matmul_kernel)
 
-    def matmul(a, b):
-        c, args, constants = mm._launch_arguments(a, b, None, "none", "tf32")
-        M, N = c.shape
-        tuned[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
-            *args, **constants)
-        return c
+    matmul = _autotuned_matmul(tuned)
 
     result = grade(matmul, problem="matmul/autotuned")
     assert result.passed, result.message()
@@ -254,12 +265,7 @@ def test_an_autotuner_that_runs_every_configuration_is_graded_on_the_one_it_chos
                             key=["M", "N", "K", "stride_ak", "stride_bn", "INPUT_PRECISION"],
                             do_bench=gpu_like_bench)(mm.matmul_kernel)
 
-    def matmul(a, b):
-        c, args, constants = mm._launch_arguments(a, b, None, "none", "tf32")
-        M, N = c.shape
-        tuned[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
-            *args, **constants)
-        return c
+    matmul = _autotuned_matmul(tuned)
 
     result = grade(matmul, problem="matmul/autotuned")
     assert next(calls) > 2  # every configuration was run, for each shape
