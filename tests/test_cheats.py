@@ -281,6 +281,46 @@ def test_an_autotuner_that_runs_every_configuration_is_graded_on_the_one_it_chos
     assert recording.autotuned == {"matmul_kernel": 1}
 
 
+def test_library_work_hidden_in_the_autotuners_timing_runs_fails():
+    """The recording pauses while the autotuner times a configuration, so a do_bench is a
+    place to hide work: here it writes torch's product into C, and the configurations
+    it times store nothing. Each check's replay runs the recorded steps (the chosen
+    launch) on new inputs, and C no longer follows them."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stores_nothing(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                       stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr):
+        pass
+
+    hidden = {}
+
+    def hiding_bench(kernel_call, quantiles=None, **_):
+        a, b, c = hidden["abc"]
+        c.copy_(torch.matmul(a, b))
+        kernel_call()
+        return [1.0, 1.0, 1.0] if quantiles else 1.0
+
+    configs = [triton.Config({"BLOCK_M": 16}), triton.Config({"BLOCK_M": 32})]
+    tuned = triton.autotune(configs=configs, key=["M", "N", "K"],
+                            do_bench=hiding_bench)(stores_nothing)
+
+    def matmul(a, b):
+        c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+        hidden["abc"] = (a, b, c)
+        M, K = a.shape
+        N = b.shape[1]
+        tuned[(1,)](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
+        return c
+
+    result = grade(matmul, problem="matmul/autotuned")
+    assert not result.passed
+    first_calls = [case for case in result.cases if "again" not in case.label]
+    assert first_calls and all("not computed by its kernels" in case.explained
+                               for case in first_calls)
+
+
 @pytest.mark.cpu("the passes over x are counted from the interpreter's trace")
 @pytest.mark.parametrize("candidate, words", [
     (cheats.softmax_in_three_loops, "reads x 3.0 times"),
