@@ -24,6 +24,7 @@ if ON_GPU and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ["ROOFLAB_SHARED_GPU"] = "1"
 
 import rooflab.autograder  # noqa: E402, F401
+from rooflab.autograder.device import gpu_shared  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,7 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"CPU world only: {why}"))
         elif not ON_GPU and item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
-        elif os.environ.get("ROOFLAB_SHARED_GPU") == "1" and item.get_closest_marker("gpu"):
+        elif gpu_shared() and item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason=(
                 "the GPU is shared by this run's workers: `make gpu-test` runs the GPU "
                 "tests with the card to itself")))
