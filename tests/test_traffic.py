@@ -211,6 +211,57 @@ def test_dots_run_in_waves_of_programs_over_the_sms():
     assert compute(64 * 133) == pytest.approx(2 * per_program)  # one program more: two
 
 
+@triton.jit
+def _add_into(x_ptr, out_ptr, target_ptr, n, BLOCK: tl.constexpr):
+    """out[target[i]] += x[i], one atomic per element."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offsets < n
+    where = tl.load(target_ptr + offsets, mask=ok, other=0)
+    tl.atomic_add(out_ptr + where, tl.load(x_ptr + offsets, mask=ok, other=0.0), mask=ok,
+                  sem="relaxed")
+
+
+def _add_into_report(target: torch.Tensor):
+    x, out = torch.randn(target.numel()), torch.zeros(target.numel())
+    launch = traced(lambda: _add_into[(target.numel() // 64,)](x, out, target, x.numel(),
+                                                                  BLOCK=64))
+    return analyze(launch, H100)
+
+
+def test_atomics_cost_their_transactions_and_the_longest_chain_on_one_sector():
+    ceilings = roofline.from_datasheet(H100)
+    n = 64 * 512
+    # Spread: element i adds into out[i], 8 lanes to a sector, 4 sectors per warp.
+    spread = _add_into_report(torch.arange(n))
+    assert spread.atomic_transactions == n // 8
+    assert spread.atomic_chain == 8  # each sector's 8 lanes, once
+    # Into 256 places: 32 sectors of out, n / 32 lanes on each.
+    assert _add_into_report(torch.arange(n) % 256).atomic_chain == n // 32
+    assert spread.partial_store_sectors == 0  # an atomic's cost is its own, not a store's
+    # Contended: every element adds into out[0]: one transaction per warp, all on one sector.
+    hot = _add_into_report(torch.zeros(n, dtype=torch.int64))
+    assert hot.atomic_transactions == n // 32 and hot.atomic_chain == n
+    spread_time, hot_time = (time_model.estimate(r, ceilings, H100) for r in (spread, hot))
+    sector_s = 32 / (time_model.L2_OVER_DRAM * ceilings.bandwidth)
+    assert spread_time.l2 >= n // 8 * time_model.ATOMIC_COST * sector_s
+    assert hot_time.chain == pytest.approx(n * time_model.ATOMIC_CHAIN_S)
+    assert hot_time.bound == "atomic chain" and spread_time.bound != "atomic chain"
+    assert hot_time.seconds > 3 * spread_time.seconds
+
+
+def test_a_tf32x3_dot_takes_three_tf32_products():
+    ceilings = roofline.from_datasheet(H100)
+    a, b = torch.randn(64 * 132, 64), torch.randn(64, 64)
+
+    def compute(precision: str) -> float:
+        launch = traced(matmul, a, b, block_m=64, block_n=64, block_k=64,
+                        precision=precision)
+        assert launch.dots[0].input_precision == precision
+        return predict([launch], 0, 0, "tf32", ceilings, H100).times[0].compute
+
+    assert compute("tf32x3") == pytest.approx(3 * compute("tf32"))
+
+
 def test_lanes_need_not_be_kept_for_the_model():
     x = torch.randn(67, 130)
     kept = analyze(traced(transpose_rows, x, block=64), H100)

@@ -25,7 +25,7 @@ class Footprint:
     the bytes requested and the transactions (distinct sectors per group of 32 lanes).
     Then the store transactions that write only part of their sector, the distinct sectors
     touched (for DRAM), and for the checks the first lane outside every tensor and the
-    addresses a store wrote."""
+    addresses a store wrote; for an atomic, the sector of each of its lanes."""
 
     kind: str  # "load", "store" or "atomic"
     program: int
@@ -35,6 +35,9 @@ class Footprint:
     sectors: np.ndarray  # distinct sector ids (int64), tensor index in the high bits
     outside: int | None = None  # address of the first active lane outside every tensor
     stored: np.ndarray | None = None  # distinct addresses a store wrote, inside the tensors
+    # An atomic's lanes, the sector id of each: L2 applies the atomics on one sector one
+    # lane after another, so the launch's longest such chain is counted from these.
+    atomic_sectors: np.ndarray | None = None
 
     @property
     def touched(self) -> int:
@@ -88,17 +91,17 @@ def footprint(access: Access, tensors: list[TensorArg]) -> Footprint:
     sector[valid] = ((addresses[valid] - bases[mine]) // SECTOR).astype(np.int64) \
         + (mine << TENSOR_SHIFT)
     distinct, lanes = _warp_transactions(sector)
-    writes = access.kind != "load"
     size = access.element_size
     return Footprint(
         kind=access.kind,
         program=access.program,
         requested=np.bincount(mine, minlength=count) * size,
         transactions=np.bincount(distinct >> TENSOR_SHIFT, minlength=count),
-        partial=int(np.count_nonzero(lanes * size < SECTOR)) if writes else 0,
+        partial=int(np.count_nonzero(lanes * size < SECTOR)) if access.kind == "store" else 0,
         sectors=sorted_distinct(distinct),
         outside=outside,
         stored=sorted_distinct(addresses[valid]) if access.kind == "store" else None,
+        atomic_sectors=sector[valid] if access.kind == "atomic" else None,
     )
 
 

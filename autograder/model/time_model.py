@@ -5,13 +5,15 @@ bytes through an L2 of the card's size, sectors moved between L2 and the multipr
 stores that fill only part of a sector, the dependent steps each program takes, and the
 FLOPs of its ``tl.dot`` calls. This module turns those counts into seconds::
 
-    launch  = LAUNCH_S + max(memory, compute, latency)
+    launch  = LAUNCH_S + max(memory, compute, latency, chain)
     memory  = DRAM bytes / bandwidth                          misses and write-backs
             + L2-hit sectors x 32 B / (L2_OVER_DRAM x bandwidth)
             + partly written sectors x PARTIAL_STORE_COST x (the same time per sector)
-    compute = ceil(programs / SMs) x one program's tl.dot FLOPs / (peak / SMs)
+            + atomic transactions x ATOMIC_COST x (the same time per sector)
+    compute = ceil(programs / SMs) x one program's tl.dot FLOPs x passes / (peak / SMs)
     latency = ceil(programs / resident programs) x one program's dependent steps
               x ROUND_TRIP_S                                  loops without tl.dot only
+    chain   = the most atomic transactions on one sector x ATOMIC_CHAIN_S
 
 A kernel's time is the sum over its launches. Memory, compute and latency overlap (a
 launch takes the longest of them), but the parts of memory add up: a sector comes either
@@ -19,11 +21,13 @@ from DRAM or from L2, and the two streams do not hide each other. On the H200 th
 softmax, whose second read of each row hits L2, took 1.3x as long as the fused kernel
 that reads each row once; with the larger of the two taken, that read would be free.
 
-Every constant was calibrated on an NVIDIA H200 against eleven measured workloads (the
+The constants were calibrated on an NVIDIA H200 against eleven measured workloads (the
 record is ``bench/calibration/h200-2026-11-26.json``; ``tests/test_calibration.py`` holds
-the model to it). Each one's comment says what it stands for and where its value comes
-from. What the model leaves out: L1 and shared memory as caches, the layouts the compiler
-picks, register pressure and instruction issue.
+the model to it), the two for atomics on an H100 (``bench/calibration/h100-2026-11-27.json``,
+``tests/test_calibration_h100.py``). Each one's comment says what it stands for and where
+its value comes from. What the model leaves out: L1 and shared memory as caches, the
+layouts the compiler picks, register pressure and instruction issue (so sorting networks,
+histograms, scans and the CUDA-core work around a tl.dot are not counted).
 """
 
 from __future__ import annotations
@@ -62,6 +66,21 @@ PARTIAL_STORE_COST = 5.5
 # at a few tens; in that kernel many loads hit L1, which the model leaves out.
 ROUND_TRIP_S = 90e-9
 
+# An atomic is a read-modify-write that L2's atomic units apply, far slower than moving a
+# sector. Calibrated on the H100's k-means update_atomic with uniform labels: 2^22 points
+# x 64 features, 2^25 transactions of sums[label] plus 2.6 M of counts[label], took
+# 1220 µs beyond the kernel's DRAM time: 34 ps each, 8 sectors' worth of L2 time.
+ATOMIC_COST = 8.0
+
+# Atomics on one sector cannot overlap: L2 applies them one lane after another. Calibrated
+# on the same update with half the points in cluster 0: 16.8 M lanes (2.1 M transactions
+# of 8) on each sector of sums[0] took 10.1 ms, 0.59 ns a lane, about one per clock.
+# torch's index_add and a CUDA C kernel of atomics took the same 10.1 ms in that run: the
+# card's floor, not the kernel's. Per lane, not per transaction: fp8_quantize's 524 288
+# one-lane atomic_max on one address, 4.8 ns each at the transaction rate, would take
+# 2.5 ms; the whole kernel took 1.33 ms.
+ATOMIC_CHAIN_S = 0.59e-9
+
 
 @dataclass(frozen=True)
 class LaunchTime:
@@ -73,6 +92,7 @@ class LaunchTime:
     l2: float  # L2 hits and partly written sectors, at the L2 rate
     compute: float  # tl.dot FLOPs, in waves of programs over the SMs
     latency: float  # dependent steps of loops without tl.dot
+    chain: float = 0.0  # the longest run of atomics on one sector, one after another
 
     @property
     def memory(self) -> float:
@@ -80,8 +100,8 @@ class LaunchTime:
 
     @property
     def body(self) -> float:
-        """The launch once running: memory, compute and latency overlap."""
-        return max(self.memory, self.compute, self.latency)
+        """The launch once running: memory, compute, latency and atomic chains overlap."""
+        return max(self.memory, self.compute, self.latency, self.chain)
 
     @property
     def seconds(self) -> float:
@@ -89,8 +109,10 @@ class LaunchTime:
 
     @property
     def bound(self) -> str:
-        """What sets the running time: "memory" (DRAM), "L2 transaction", "compute" or
-        "latency"."""
+        """What sets the running time: "memory" (DRAM), "L2 transaction", "compute",
+        "latency" or "atomic chain" (atomics waiting on one another at one address)."""
+        if self.chain > max(self.memory, self.compute, self.latency):
+            return "atomic chain"
         if self.compute >= self.memory and self.compute >= self.latency:
             return "compute" if self.compute else "memory"
         if self.latency > self.memory:
@@ -104,6 +126,12 @@ def dot_dtype(dot) -> str:
     if dot.operand in ("fp16", "bf16"):
         return dot.operand
     return "fp32" if dot.input_precision == "ieee" else "tf32"
+
+
+def dot_passes(dot) -> int:
+    """Matrix products a ``tl.dot`` takes: three for fp32 operands at "tf32x3" (the high
+    and low TF32 halves: hi·hi + hi·lo + lo·hi, for fp32's accuracy), else one."""
+    return 3 if dot.operand == "fp32" and dot.input_precision == "tf32x3" else 1
 
 
 def _peak(ceilings, dtype: str) -> float:
@@ -141,7 +169,8 @@ def estimate(report, ceilings, card) -> LaunchTime:
     latency = 0.0
     if report.flops:
         per_sm = _peak(ceilings, dot_dtype(report.dot)) / sms
-        compute = math.ceil(programs / sms) * (report.flops / programs) / per_sm
+        compute = (math.ceil(programs / sms) * (report.flops / programs)
+                   * dot_passes(report.dot) / per_sm)
     elif report.rounds:
         slots = sms * resident_programs(report, card)
         latency = math.ceil(programs / slots) * (report.rounds / programs) * ROUND_TRIP_S
@@ -149,7 +178,9 @@ def estimate(report, ceilings, card) -> LaunchTime:
         kernel=report.kernel,
         launch=LAUNCH_S,
         dram=report.dram_estimate / bandwidth,
-        l2=(hits + PARTIAL_STORE_COST * report.partial_store_sectors) * sector_s,
+        l2=(hits + PARTIAL_STORE_COST * report.partial_store_sectors
+            + ATOMIC_COST * report.atomic_transactions) * sector_s,
         compute=compute,
         latency=latency,
+        chain=report.atomic_chain * ATOMIC_CHAIN_S,
     )

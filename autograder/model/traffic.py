@@ -6,7 +6,9 @@ From the accesses ``trace.py`` records, per launch:
 * transactions: lanes grouped 32 at a time along the block's contiguous axis (as Triton's
   layouts group threads into warps), each group costing the distinct 32-byte sectors it
   touches; sector efficiency = requested bytes / (sectors × 32). A store transaction that
-  writes only part of its sector is *partial*: L2 has to merge it into the sector;
+  writes only part of its sector is *partial*: L2 has to merge it into the sector. Atomic
+  transactions are counted apart, and the longest chain of atomic lanes on one sector: L2
+  applies those one after another;
 * DRAM traffic, three ways: no reuse between programs (each program's distinct sectors,
   summed), a perfect cache (the grid's distinct sectors), and an estimate from an L2 of the
   target card's size, with programs resident in waves of its SM count, in launch order;
@@ -65,6 +67,8 @@ class TrafficReport:
     load_sectors: int = 0
     store_sectors: int = 0
     partial_store_sectors: int = 0  # store transactions that write part of their sector
+    atomic_transactions: int = 0  # atomic transactions (also counted in store_sectors)
+    atomic_chain: int = 0  # the most atomic lanes on any one sector
     dram_no_reuse: int = 0  # bytes
     dram_perfect_cache: int = 0  # bytes
     per_program: np.ndarray = field(default_factory=lambda: np.zeros(0))  # DRAM bytes, no reuse
@@ -160,6 +164,11 @@ def _count_requests(report: TrafficReport, launch: Launch, prints: list[Footprin
         requested[writes] += f.requested
         transactions[writes] += f.transactions
         report.partial_store_sectors += f.partial
+    atomics = [f for f in prints if f.atomic_sectors is not None]
+    if atomics:
+        report.atomic_transactions = int(sum(f.transactions.sum() for f in atomics))
+        lanes = np.concatenate([f.atomic_sectors for f in atomics])
+        report.atomic_chain = int(np.unique(lanes, return_counts=True)[1].max(initial=0))
     report.requested_load, report.requested_store = (int(r) for r in requested.sum(axis=1))
     report.load_sectors, report.store_sectors = (int(t) for t in transactions.sum(axis=1))
     for index, tensor in enumerate(report.per_tensor.values()):
