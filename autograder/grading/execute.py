@@ -1,8 +1,8 @@
 """One notebook in a fresh kernel, as a grader runs it: confined, with limits, and a crash
 that ends one exercise rather than the grading.
 
-``python -m rooflab.autograder.grading.execute`` is started by the grader (grade.py) once
-per submission, in its own session, so that a notebook that outlives its time limit can be
+This module is run by the grader (grade.py, ``WORKER``) once per submission, in its own
+session, so that a notebook that outlives its time limit can be
 ended with everything it started. It runs no learner code itself. Here:
 
 * a fresh IPython kernel of this Python runs the notebook cell by cell (nbclient, as nbval
@@ -178,18 +178,20 @@ def _kernel_env(records: Path) -> dict[str, str]:
     return env
 
 
-def sandbox_for(box: Path, read_only: list[Path], overlays: list[str]) -> Sandbox:
+def sandbox_for(box: Path, read_only: list[Path], overlays: list[str],
+                cache: Path | None = None) -> Sandbox:
     """The kernel's sandbox: writes to ``box`` only, its records folder mounted on its
-    own; ``overlays`` are INSIDE=OUTSIDE. It starts with a copy of the grader's cache
+    own; ``overlays`` are INSIDE=OUTSIDE. It starts with a copy of the grader's ``cache``
     (the ceilings measured on this card), so that no notebook measures them again."""
-    from ..device.roofline import copy_cache
-
-    cache = copy_cache(box / "home" / ".cache" / "rooflab")
+    mine = box / "home" / ".cache" / "rooflab"
+    if cache is not None and cache.is_dir():
+        shutil.copytree(cache, mine, dirs_exist_ok=True)
+    mine.mkdir(parents=True, exist_ok=True)
     pairs = dict(item.split("=", 1) for item in overlays)
     return Sandbox(box, read_only=read_only,
                    overlays={Path(k): Path(v) for k, v in pairs.items()},
                    pinned=[box / "records"],
-                   env={handin.INTO_ENV: str(box / "records"), "ROOFLAB_CACHE_DIR": str(cache)})
+                   env={handin.INTO_ENV: str(box / "records"), "ROOFLAB_CACHE_DIR": str(mine)})
 
 
 def cap_memory(limit_bytes: int) -> None:
@@ -209,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder the kernel may read")
     parser.add_argument("--overlay", action="append", default=[], metavar="INSIDE=OUTSIDE",
                         help="OUTSIDE mounted over INSIDE, read-only, in the sandbox")
+    parser.add_argument("--cache", type=Path, help="the grader's cache, copied for each kernel")
     args = parser.parse_args(argv)
     cap_memory(args.memory)
     confine = None if args.unconfined else functools.partial(
-        sandbox_for, read_only=args.read_only, overlays=args.overlay)
+        sandbox_for, read_only=args.read_only, overlays=args.overlay, cache=args.cache)
     outcome = run(json.loads(args.notebook.read_text()), args.into.resolve(),
                   args.cell_timeout, confine)
     partial = args.into / "run.json.partial"
@@ -220,6 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     partial.replace(args.into / "run.json")
     return 0
 
+
+# How the grader starts this module: with the autograder's package bare. Its __init__
+# loads torch and Triton, seconds of every notebook's start, and this process runs no
+# learner code and needs neither (the kernel imports the autograder itself).
+WORKER = ("import sys, types\n"
+          "package = types.ModuleType('rooflab.autograder')\n"
+          "package.__path__ = [sys.argv.pop(1)]\n"
+          "sys.modules[package.__name__] = package\n"
+          "from rooflab.autograder.grading.execute import main\n"
+          "sys.exit(main())\n")
 
 if __name__ == "__main__":
     sys.exit(main())

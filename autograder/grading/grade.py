@@ -48,7 +48,7 @@ from ..course.points import of_lab
 from . import gradebook, scoring, shards
 from .cells import CHECK_TAG, MARKER_LINE, exercises, one_cell_each, restore, started
 from .confinement import Confinement, prepare
-from .execute import TAKEN
+from .execute import TAKEN, WORKER
 from .feedback import keep_notebook
 from .scoring import Policy, iso
 from .verdicts import Grade, grade_exercises
@@ -335,14 +335,16 @@ def taken_records(taken: Path) -> list[tuple[dict, Path]]:
 def _execute(into: Path, limits: Limits, seed: int, confinement: Confinement) -> dict:
     """Run execute.py on ``into``/notebook.ipynb in its own session; end it, kernel and
     all, past the notebook's time limit. Returns its run.json (or what went wrong)."""
+    from ..device.roofline import cache_dir
+
     env = dict(os.environ, **{handin.SEED_ENV: str(seed)})
     # A check's own limit per case, under the cell's, so that an endless kernel fails
     # its check with a message before the cell is interrupted.
     env.setdefault("ROOFLAB_TIME_LIMIT", str(max(5.0, limits.cell_s / 4)))
-    command = [sys.executable, "-m", "rooflab.autograder.grading.execute",
+    command = [sys.executable, "-c", WORKER, str(Path(__file__).resolve().parents[1]),
                str(into / "notebook.ipynb"), "--into", str(into), "--cell-timeout",
                str(limits.cell_s), "--memory", str(limits.memory_bytes),
-               *confinement.execute_args()]
+               "--cache", str(cache_dir()), *confinement.execute_args()]
     worker = subprocess.Popen(command, env=env, start_new_session=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=open(into / "worker.log", "w"))  # noqa: SIM115
