@@ -33,7 +33,8 @@ from rooflab.autograder.model import traffic
 from rooflab.autograder.model.time_model import dot_dtype
 
 COUNTS = ("requested_load", "requested_store", "load_sectors", "store_sectors",
-          "partial_store_sectors", "atomic_transactions", "atomic_chain", "rounds", "flops")
+          "partial_store_sectors", "atomic_transactions", "atomic_chain", "compare_lanes",
+          "rounds", "flops")
 TENSOR_COUNTS = ("requested", "sectors", "read_refs", "read_distinct", "read_misses",
                  "written")
 SAME = ("kernel", "num_warps", "num_stages", "dot")
@@ -102,20 +103,23 @@ def affine_within(counts: tuple[float, float, float], factor: float, noise: floa
 def extrapolate(base: traffic.TrafficReport, grown: list[list[traffic.TrafficReport]],
                 factors: list[float], noise: float = 0.0) -> traffic.TrafficReport:
     """The report at the measured size: each count times Π factor^e, e its exact exponent
-    in each group of sizes (``grown[i]``: group i doubled). With a ``noise`` (one group,
-    traced doubled and doubled again), each count is ``affine_within``'s fit."""
+    in each group of sizes (``grown[i]``: group i doubled). With a ``noise`` (each group
+    traced doubled and doubled again), each count grows as ``affine_within``'s fit of each
+    group does."""
     found = counts(base)
     scaled = dict(found)
     for reports, factor in zip(grown, factors, strict=True):
         assert all(getattr(r, a) == getattr(base, a) for r in reports for a in SAME), \
             base.kernel
         doubled = counts(reports[0])
-        if noise:
-            assert len(grown) == 1, "a fit within noise grows one group of sizes"
+        if noise:  # each group scales the count by its fit's growth
             quadrupled = counts(reports[1])
             for name, value in found.items():
-                scaled[name] = affine_within((value, doubled[name], quadrupled[name]),
-                                             factor, noise, f"{base.kernel} {name}")
+                fit = affine_within((value, doubled[name], quadrupled[name]), factor, noise,
+                                    f"{base.kernel} {name}")
+                if fit and not value:
+                    raise NotExtrapolable(f"{base.kernel} {name}: 0 at the traced size")
+                scaled[name] *= fit / value if value else 1
             continue
         for name, value in found.items():
             scaled[name] *= factor ** power(value, doubled[name], f"{base.kernel} {name}")

@@ -9,7 +9,7 @@ import triton.language as tl
 from rooflab.autograder.device import datasheet, roofline
 from rooflab.autograder.model import time_model
 from rooflab.autograder.model.trace import tracing
-from rooflab.autograder.model.traffic import analyze, predict, violations
+from rooflab.autograder.model.traffic import analyze, predict, prediction, violations
 from rooflab.kernels.matmul import matmul, matmul_rows
 from rooflab.kernels.softmax import softmax_fused, softmax_naive, softmax_online
 from rooflab.kernels.strided_copy import strided_copy
@@ -247,6 +247,8 @@ def test_atomics_cost_their_transactions_and_the_longest_chain_on_one_sector():
     assert hot_time.chain == pytest.approx(n * time_model.ATOMIC_CHAIN_S)
     assert hot_time.bound == "atomic chain" and spread_time.bound != "atomic chain"
     assert hot_time.seconds > 3 * spread_time.seconds
+    words = prediction([hot], 0, 0, "fp32", ceilings, H100).bottleneck  # what a learner reads
+    assert words.startswith(f"atomic-chain-bound: {n:,} atomic lanes of _add_into")
 
 
 def test_a_tf32x3_dot_takes_three_tf32_products():
@@ -260,6 +262,32 @@ def test_a_tf32x3_dot_takes_three_tf32_products():
         return predict([launch], 0, 0, "tf32", ceilings, H100).times[0].compute
 
     assert compute("tf32x3") == pytest.approx(3 * compute("tf32"))
+
+
+def _network_lanes(log_n: int, log_k: int) -> int:
+    """Lanes through tl.minimum and tl.maximum of a bitonic top-2^log_k of 2^log_n: every
+    layer one of each per pair, and each halving one maximum per pair of runs."""
+    lanes = 0
+    for s in range(1, log_n + 1):
+        n = log_n if s <= log_k else log_n - (s - log_k)  # the vector is 2^n long
+        lanes += (2**n if s > log_k else 0) + min(s, log_k) * 2**n
+    return lanes
+
+
+def test_sorting_networks_count_their_compare_and_swaps():
+    from rooflab.kernels.topk import topk_rows
+
+    # Four blocks of 16, top 4 of each, each merged with the running top 4 (8 → 4).
+    small = traced(topk_rows, torch.randn(1, 64), 4, block=16)
+    assert small.compare_lanes == 4 * (_network_lanes(4, 2) + _network_lanes(3, 2))
+    # Top 64 of four blocks of 1024: the networks outweigh the 16 KB read many times.
+    ceilings = roofline.from_datasheet(H100)
+    big = predict([traced(topk_rows, torch.randn(1, 4096), 64, block=1024)], 0, 4096 * 4,
+                  "fp32", ceilings, H100)
+    (report,), (time,) = big.reports, big.times
+    assert report.compare_lanes == 4 * (_network_lanes(10, 6) + _network_lanes(7, 6))
+    assert time.network == pytest.approx(report.compare_lanes * time_model.COMPARE_LANE_S)
+    assert time.bound == "sorting network" and big.bottleneck.startswith("sorting-network")
 
 
 def test_lanes_need_not_be_kept_for_the_model():

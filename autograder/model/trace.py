@@ -6,6 +6,8 @@ descriptors all end there), atomic read-modify-writes and compare-and-swaps. Whi
 ``tracing()`` is active those methods are wrapped to note, for each access, which program
 made it, the absolute addresses of its lanes, which lanes were active, and the element
 size; lanes that point outside every tensor argument are recorded but not performed.
+The lanes of each ``tl.dot`` and of each ``tl.minimum`` and ``tl.maximum`` (the
+compare-and-swaps of a sorting network) are counted too.
 A long trace need not keep its lanes: ``tracing(keep_lanes=False)`` reduces each access, as
 it happens, to the sectors and byte counts the traffic model needs (``footprint.py``),
 a few bytes per sector touched instead of nine per lane.
@@ -172,8 +174,13 @@ def _hooks() -> Iterator[None]:
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.interpreter import interpreter_builder as builder
 
+    # tl.minimum and tl.maximum, by operand type and NaN rule (those this version has).
+    comparisons = tuple(name for name in (
+        "create_minsi", "create_minui", "create_minimumf", "create_minnumf",
+        "create_maxsi", "create_maxui", "create_maximumf", "create_maxnumf")
+        if hasattr(builder, name))
     names = ("create_masked_load", "create_masked_store", "create_atomic_rmw",
-             "create_atomic_cas", "create_dot")
+             "create_atomic_cas", "create_dot", *comparisons)
     originals = {name: getattr(builder, name) for name in names}
     original_run = InterpretedFunction.run
 
@@ -211,6 +218,15 @@ def _hooks() -> Iterator[None]:
                                     bool(np.ptp(a.data) == 0 or np.ptp(b.data) == 0)))
         return originals["create_dot"](a, b, d, input_precision, *rest, **kw)
 
+    def compared(name):
+        def wrapper(lhs, rhs):
+            out = originals[name](lhs, rhs)
+            current = _tracers[-1]._current
+            if current is not None:
+                current.compare_lanes += int(np.size(out.data))
+            return out
+        return wrapper
+
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
             return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -241,7 +257,8 @@ def _hooks() -> Iterator[None]:
 
     for name, wrapper in (("create_masked_load", load), ("create_masked_store", store),
                           ("create_atomic_rmw", rmw), ("create_atomic_cas", cas),
-                          ("create_dot", dot)):
+                          ("create_dot", dot),
+                          *((name, compared(name)) for name in comparisons)):
         setattr(builder, name, wrapper)
     InterpretedFunction.run = run
     if original_bench is not None:

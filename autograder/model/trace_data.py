@@ -55,6 +55,8 @@ class Launch:
     tensors: list[TensorArg]
     accesses: list[Access] = field(default_factory=list)
     dots: list[Dot] = field(default_factory=list)
+    # Lanes through tl.minimum and tl.maximum: the compare-and-swaps of sorting networks.
+    compare_lanes: int = 0
     # Integer launch arguments by name: sizes, strides, BLOCK_*, num_warps, num_stages.
     options: dict[str, int] = field(default_factory=dict)
     # Each access reduced to what the traffic model needs (footprint.Footprint), in the order

@@ -14,6 +14,7 @@ From the accesses ``trace.py`` records, per launch:
   target card's size, with programs resident in waves of its SM count, in launch order;
 * the dependent steps ("rounds") each program takes: a load of a tensor that the current
   round has already loaded starts the next round, as each iteration of a loop does;
+* the lanes through tl.minimum and tl.maximum: the compare-and-swaps of sorting networks;
 * out-of-bounds accesses (an active lane outside every tensor argument) and races (two
   programs storing to one address without an atomic).
 
@@ -79,6 +80,7 @@ class TrafficReport:
     sm_count: int = 0
     rounds: int = 0  # dependent steps, summed over programs
     flops: float = 0.0  # of the launch's tl.dot calls
+    compare_lanes: int = 0  # lanes through tl.minimum / tl.maximum: sorting networks
     dot: Dot | None = None  # the tile every program multiplies (matrix_units.main_dot)
     num_warps: int = 4
     num_stages: int = 3
@@ -147,6 +149,7 @@ def analyze(launch: Launch, card: Card, l2_bytes: int | None = None,
         launch.kernel, launch.grid, l2_bytes=l2, sm_count=sms,
         per_tensor={t.name: TensorTraffic(t.name, t.base) for t in launch.tensors},
         rounds=_rounds(prints), flops=sum(2.0 * d.m * d.n * d.k for d in launch.dots),
+        compare_lanes=launch.compare_lanes,
         dot=main_dot(launch), num_warps=launch.options.get("num_warps", DEFAULT_NUM_WARPS),
         num_stages=launch.options.get("num_stages", DEFAULT_NUM_STAGES))
     report.out_of_bounds, report.races = _violations(launch, prints)
@@ -538,6 +541,18 @@ class Prediction:
                     "(in a loop without tl.dot, at every step: such a loop is not "
                     "pipelined), and too few programs are in flight to hide the wait; more "
                     "programs in flight, or more work per load, would hide it")
+        if self.bound == "atomic chain":
+            chain = max(self.reports, key=lambda r: r.atomic_chain)
+            return (f"atomic-chain-bound: {chain.atomic_chain:,} atomic lanes of {chain.kernel} "
+                    "land on one 32-byte sector, and L2 applies those one after another, "
+                    "whatever the rest of the chip does (contention: many programs adding "
+                    "into one address). Combine them first (a sum per block, or sort by "
+                    "address and add each run once), then one atomic per run")
+        if self.bound == "sorting network":
+            return ("sorting-network-bound: the compare-and-swaps of its tl.sort / tl.topk "
+                    "(or tl.minimum / tl.maximum) take longer than its bytes. A network does "
+                    "work in n·log²(n) for each block it sorts: fewer or smaller networks "
+                    "(a smaller k, selecting before sorting) cut it")
         if self.bound == "L2 transaction" and self.compulsory:
             return (f"L2-bound: {self.transactions / self.compulsory:.1f}× the compulsory "
                     "bytes cross between L2 and the multiprocessors (data read again from "
