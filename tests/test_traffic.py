@@ -265,21 +265,26 @@ def test_a_tf32x3_dot_takes_three_tf32_products():
 
 
 def _network_lanes(log_n: int, log_k: int) -> int:
-    """Lanes through tl.minimum and tl.maximum of a bitonic top-2^log_k of 2^log_n: every
-    layer one of each per pair, and each halving one maximum per pair of runs."""
+    """Lanes of compare-and-swaps of a bitonic top-2^log_k of 2^log_n: each layer a minimum
+    and a maximum of every pair. (A halving, which keeps the larger of two runs, is one
+    maximum: no swap.)"""
     lanes = 0
     for s in range(1, log_n + 1):
         n = log_n if s <= log_k else log_n - (s - log_k)  # the vector is 2^n long
-        lanes += (2**n if s > log_k else 0) + min(s, log_k) * 2**n
+        lanes += min(s, log_k) * 2**n
     return lanes
 
 
-def test_sorting_networks_count_their_compare_and_swaps():
+def test_sorting_networks_count_their_compare_and_swaps_and_a_clamp_is_none():
+    from rooflab.kernels.amp import fp8_quantize
     from rooflab.kernels.topk import topk_rows
 
     # Four blocks of 16, top 4 of each, each merged with the running top 4 (8 → 4).
     small = traced(topk_rows, torch.randn(1, 64), 4, block=16)
     assert small.compare_lanes == 4 * (_network_lanes(4, 2) + _network_lanes(3, 2))
+    # fp8_quantize clamps every element to ±448 (a minimum and a maximum, against bounds).
+    clamp = traced(fp8_quantize, torch.randn(4096).to(torch.bfloat16), torch.tensor([1.0]))
+    assert clamp.compare_lanes == 0
     # Top 64 of four blocks of 1024: the networks outweigh the 16 KB read many times.
     ceilings = roofline.from_datasheet(H100)
     big = predict([traced(topk_rows, torch.randn(1, 4096), 64, block=1024)], 0, 4096 * 4,

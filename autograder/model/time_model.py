@@ -14,7 +14,7 @@ FLOPs of its ``tl.dot`` calls. This module turns those counts into seconds::
     latency = ceil(programs / resident programs) x one program's dependent steps
               x ROUND_TRIP_S                                  loops without tl.dot only
     chain   = the most atomic lanes on one sector x ATOMIC_CHAIN_S
-    network = ceil(programs / SMs) x one program's tl.minimum / tl.maximum lanes
+    network = ceil(programs / SMs) x one program's compare-and-swap lanes
               x COMPARE_LANE_S                                sorting networks
 
 A kernel's time is the sum over its launches. Memory, compute and latency overlap (a
@@ -87,12 +87,12 @@ ATOMIC_CHAIN_S = 0.59e-9
 # A sorting network (tl.sort, tl.topk, or one written with tl.minimum and tl.maximum) is
 # instruction work, not memory traffic: each layer compares and swaps every element with a
 # partner, most of them in another thread, so the data moves through shuffles and shared
-# memory as well. The trace counts the lanes through tl.minimum and tl.maximum (one of each
-# per pair and layer). Calibrated on the H100's topk_rows at 4096 x 32768, k = 64: 32.1 M
-# such lanes per SM (32 programs of 1.0 M) took 4156 µs, 129 ps a lane per SM, about 4.4
-# lanes per clock against 128 fp32 lanes: a compare-and-swap of 64-bit (key, position)
-# words and its exchange cost some thirty instructions.
-COMPARE_LANE_S = 129e-12
+# memory as well. The trace counts the lanes of compare-and-swaps (the minimum and the
+# maximum of the same two operands). Calibrated on the H100's topk_rows at 4096 x 32768,
+# k = 64: 31.1 M such lanes per SM (32 programs of 0.97 M) took 4156 µs, 134 ps a lane per
+# SM, about 4 lanes per clock against 128 fp32 lanes: a compare-and-swap of 64-bit
+# (key, position) words and its exchange cost some thirty instructions.
+COMPARE_LANE_S = 134e-12
 
 
 @dataclass(frozen=True)

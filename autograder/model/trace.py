@@ -6,8 +6,8 @@ descriptors all end there), atomic read-modify-writes and compare-and-swaps. Whi
 ``tracing()`` is active those methods are wrapped to note, for each access, which program
 made it, the absolute addresses of its lanes, which lanes were active, and the element
 size; lanes that point outside every tensor argument are recorded but not performed.
-The lanes of each ``tl.dot`` and of each ``tl.minimum`` and ``tl.maximum`` (the
-compare-and-swaps of a sorting network) are counted too.
+Each ``tl.dot`` is recorded too, and the lanes of compare-and-swaps (a ``tl.minimum`` and
+a ``tl.maximum`` of the same two operands: a sorting network's step).
 A long trace need not keep its lanes: ``tracing(keep_lanes=False)`` reduces each access, as
 it happens, to the sectors and byte counts the traffic model needs (``footprint.py``),
 a few bytes per sector touched instead of nine per lane.
@@ -141,6 +141,8 @@ class Tracer:
             self._current.footprints.append(footprint(access, self._current.tensors))
 
 
+_OTHER = {"min": "max", "max": "min"}
+
 # Active tracers, innermost last: a tracing() nested in another (an autotuner predicting
 # each config inside a check) records its launches alone, the outer one none of them.
 _tracers: list[Tracer] = []
@@ -219,11 +221,21 @@ def _hooks() -> Iterator[None]:
         return originals["create_dot"](a, b, d, input_precision, *rest, **kw)
 
     def compared(name):
+        """A compare-and-swap is the minimum and the maximum of the same two operands; a
+        clamp or a running maximum (one of them, against a bound) is not one."""
+        kind = "min" if "_min" in name else "max"
+
         def wrapper(lhs, rhs):
             out = originals[name](lhs, rhs)
             current = _tracers[-1]._current
             if current is not None:
-                current.compare_lanes += int(np.size(out.data))
+                pair, pending = frozenset((id(lhs), id(rhs))), current.pending_compares
+                if pending.pop((_OTHER[kind], pair), None) is None:
+                    pending[kind, pair] = True
+                    if len(pending) > 16:  # an unmatched one is no swap: forget it
+                        del pending[next(iter(pending))]
+                else:
+                    current.compare_lanes += 2 * int(np.size(out.data))
             return out
         return wrapper
 

@@ -14,7 +14,8 @@ From the accesses ``trace.py`` records, per launch:
   target card's size, with programs resident in waves of its SM count, in launch order;
 * the dependent steps ("rounds") each program takes: a load of a tensor that the current
   round has already loaded starts the next round, as each iteration of a loop does;
-* the lanes through tl.minimum and tl.maximum: the compare-and-swaps of sorting networks;
+* the lanes of compare-and-swaps (tl.minimum and tl.maximum of the same two operands):
+  the steps of sorting networks;
 * out-of-bounds accesses (an active lane outside every tensor argument) and races (two
   programs storing to one address without an atomic).
 
@@ -80,7 +81,7 @@ class TrafficReport:
     sm_count: int = 0
     rounds: int = 0  # dependent steps, summed over programs
     flops: float = 0.0  # of the launch's tl.dot calls
-    compare_lanes: int = 0  # lanes through tl.minimum / tl.maximum: sorting networks
+    compare_lanes: int = 0  # lanes of compare-and-swaps: sorting networks
     dot: Dot | None = None  # the tile every program multiplies (matrix_units.main_dot)
     num_warps: int = 4
     num_stages: int = 3
@@ -471,13 +472,20 @@ class Prediction:
         chip says on how many SMs."""
         few = self._few_programs(traffic_only) if bound == "compute" else None
         if few is None:
-            return f"{bound}-bound"
+            named = {"atomic chain": "atomic-chain", "sorting network": "sorting-network"}
+            return f"{named.get(bound, bound)}-bound"
         return f"compute-bound on {few.programs} of {few.sm_count} SMs"
+
+    @staticmethod
+    def _work(t: LaunchTime) -> float:
+        """A launch's bytes, FLOPs, atomic chain and sorting networks: what it must do,
+        without the launch's fixed cost or waiting on latency."""
+        return max(t.memory, t.compute, t.chain, t.network)
 
     @property
     def traffic_s(self) -> float:
-        """What the bytes and FLOPs alone take: no launch cost, no waiting on latency."""
-        return max(sum(max(t.memory, t.compute) for t in self.times), self.work_s)
+        """What the work alone takes: no launch cost, no waiting on latency."""
+        return max(sum(self._work(t) for t in self.times), self.work_s)
 
     @property
     def traffic_fraction(self) -> float:
@@ -485,11 +493,15 @@ class Prediction:
 
     @property
     def traffic_bound(self) -> str:
-        """What sets the time of the bytes and FLOPs alone."""
-        longest = max(self.times, key=lambda t: max(t.memory, t.compute), default=None)
-        if longest is None or self.work_s > sum(max(t.memory, t.compute) for t in self.times) \
-                or longest.compute > longest.memory:
+        """What sets the time of the work alone."""
+        longest = max(self.times, key=self._work, default=None)
+        if longest is None or self.work_s > sum(self._work(t) for t in self.times) \
+                or longest.compute == self._work(longest) > longest.memory:
             return "compute"
+        if longest.network > max(longest.memory, longest.chain):
+            return "sorting network"
+        if longest.chain > longest.memory:
+            return "atomic chain"
         return "memory" if longest.dram >= longest.l2 else "L2 transaction"
 
     @property
