@@ -8,14 +8,16 @@
 #   bash bench/gpu-session.sh bars notebooks        # just these
 #   LABS="08 09" bash bench/gpu-session.sh notebooks
 #   BENCHES="matmul attention" bash bench/gpu-session.sh roofline benches
+#   bash bench/gpu-session.sh profile               # Nsight Compute on PROFILES
 #
 # Steps: roofline (this card's ceilings, which every fraction is taken against), bars
 # (each timed problem's solution against its bar, tests/test_solutions.py), gpu-tests (the
 # other GPU tests), notebooks (the solved notebooks under nbval, one lab at a time), benches
 # (`rooflab bench`, as JSON, gated against this card's newest record), suite (`make test`:
 # the solved notebooks and the tests on 12 workers, correctness only, since they share
-# the card; the GPU tests skipped there). `test` and `bench` are the older names of `suite` and
-# `roofline benches`.
+# the card; the GPU tests skipped there), profile (Nsight Compute on the kernels short of
+# their anchors: each entry of PROFILES is "bench|kernel|shape", bench/profile.py's
+# arguments). `test` and `bench` are the older names of `suite` and `roofline benches`.
 #
 # The GPU image has torch, triton, cupy and pytest but no nbval, nbclient, ipykernel,
 # plotly or ipywidgets, and reaches no package index: run bench/gpu-wheels.sh first, on a
@@ -54,8 +56,8 @@ step() {
 steps="${*:-roofline bars gpu-tests notebooks}"
 for one in $steps; do
   case "$one" in
-    roofline|bars|gpu-tests|notebooks|benches|suite|test|bench) ;;
-    *) echo "unknown step '$one': roofline bars gpu-tests notebooks benches suite" >&2
+    roofline|bars|gpu-tests|notebooks|benches|suite|profile|test|bench) ;;
+    *) echo "unknown step '$one': roofline bars gpu-tests notebooks benches suite profile" >&2
        exit 2 ;;
   esac
 done
@@ -70,6 +72,15 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
   python3 -m rooflab.autograder.cli doctor; } 2>&1 | tee "$results/gpu.txt" | tee -a "$log"
 notebooks=$(python3 -c "import nbval, nbclient, plotly, ipywidgets" 2>/dev/null && echo yes)
+ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+
+# What limits the kernels short of their anchors (the issue's item 3), most wanted first.
+PROFILES=${PROFILES:-"topk|rooflab topk_radix|256x262144 k=256;\
+topk|torch.topk|256x262144 k=256;\
+kmeans|assign + update_sorted|step n=1048576 d=128 k=1024;\
+kmeans|rooflab update_sorted|update n=4194304 d=64 k=256 uniform;\
+matmul|rooflab|4096x4096x4096 float32;\
+attention|rooflab|fwd+bwd b4 h16 s4096 d128 causal"}
 
 
 run_step() {
@@ -97,6 +108,22 @@ run_step() {
       [ -n "$notebooks" ] && targets=(--nbval-lax --nbval-current-env solutions tests)
       step 590 suite python3 -m pytest -q -p no:cacheprovider -n 12 --dist loadfile \
         "${targets[@]}" ;;
+    profile)
+      if [ -z "$ncu" ]; then
+        echo "no ncu here: nothing profiled" | tee -a "$log"
+        return
+      fi
+      local i=0
+      IFS=';' read -ra entries <<< "$PROFILES"
+      for entry in "${entries[@]}"; do
+        IFS='|' read -r bench kernel shape <<< "$entry"
+        i=$((i + 1))
+        step 150 "ncu-$i-$bench" "$ncu" --profile-from-start off --target-processes all \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section SchedulerStats \
+          python3 bench/profile.py "$bench" "$kernel" "$shape"
+      done ;;
     test) run_step suite ;;
     bench) run_step roofline; run_step benches ;;
   esac
