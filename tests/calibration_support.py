@@ -103,23 +103,21 @@ def affine_within(counts: tuple[float, float, float], factor: float, noise: floa
 def extrapolate(base: traffic.TrafficReport, grown: list[list[traffic.TrafficReport]],
                 factors: list[float], noise: float = 0.0) -> traffic.TrafficReport:
     """The report at the measured size: each count times Π factor^e, e its exact exponent
-    in each group of sizes (``grown[i]``: group i doubled). With a ``noise`` (each group
-    traced doubled and doubled again), each count grows as ``affine_within``'s fit of each
-    group does."""
+    in each group of sizes (``grown[i]``: group i doubled). With a ``noise`` (one group,
+    traced doubled and doubled again), each count is ``affine_within``'s fit."""
     found = counts(base)
     scaled = dict(found)
     for reports, factor in zip(grown, factors, strict=True):
         assert all(getattr(r, a) == getattr(base, a) for r in reports for a in SAME), \
             base.kernel
         doubled = counts(reports[0])
-        if noise:  # each group scales the count by its fit's growth
+        if noise:
+            # One group: a·s^e + b is no product of one fit per group (b would multiply).
+            assert len(grown) == 1, "a fit within noise grows one group of sizes"
             quadrupled = counts(reports[1])
             for name, value in found.items():
-                fit = affine_within((value, doubled[name], quadrupled[name]), factor, noise,
-                                    f"{base.kernel} {name}")
-                if fit and not value:
-                    raise NotExtrapolable(f"{base.kernel} {name}: 0 at the traced size")
-                scaled[name] *= fit / value if value else 1
+                scaled[name] = affine_within((value, doubled[name], quadrupled[name]),
+                                             factor, noise, f"{base.kernel} {name}")
             continue
         for name, value in found.items():
             scaled[name] *= factor ** power(value, doubled[name], f"{base.kernel} {name}")

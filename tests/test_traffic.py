@@ -266,16 +266,25 @@ def test_a_tf32x3_dot_takes_three_tf32_products():
 
 def _network_lanes(log_n: int, log_k: int) -> int:
     """Lanes of compare-and-swaps of a bitonic top-2^log_k of 2^log_n: each layer a minimum
-    and a maximum of every pair. (A halving, which keeps the larger of two runs, is one
-    maximum: no swap.)"""
+    and a maximum of every pair; each halving, which keeps the larger of two runs, one
+    maximum of every pair."""
     lanes = 0
     for s in range(1, log_n + 1):
         n = log_n if s <= log_k else log_n - (s - log_k)  # the vector is 2^n long
-        lanes += min(s, log_k) * 2**n
+        lanes += (2**n if s > log_k else 0) + min(s, log_k) * 2**n
     return lanes
 
 
-def test_sorting_networks_count_their_compare_and_swaps_and_a_clamp_is_none():
+@triton.jit
+def _low_high(a_ptr, b_ptr, low_ptr, high_ptr, BLOCK: tl.constexpr):
+    """Elementwise minimum and maximum of two tensors: no sorting network."""
+    offsets = tl.arange(0, BLOCK)
+    a, b = tl.load(a_ptr + offsets), tl.load(b_ptr + offsets)
+    tl.store(low_ptr + offsets, tl.minimum(a, b))
+    tl.store(high_ptr + offsets, tl.maximum(a, b))
+
+
+def test_sorting_networks_count_their_compare_and_swaps_and_a_clamp_or_a_pair_is_none():
     from rooflab.kernels.amp import fp8_quantize
     from rooflab.kernels.topk import topk_rows
 
@@ -285,6 +294,10 @@ def test_sorting_networks_count_their_compare_and_swaps_and_a_clamp_is_none():
     # fp8_quantize clamps every element to ±448 (a minimum and a maximum, against bounds).
     clamp = traced(fp8_quantize, torch.randn(4096).to(torch.bfloat16), torch.tensor([1.0]))
     assert clamp.compare_lanes == 0
+    # The minimum and the maximum of two loaded tensors: the same two operands, no network.
+    a, b, low, high = torch.randn(256), torch.randn(256), torch.empty(256), torch.empty(256)
+    pair = traced(lambda: _low_high[(1,)](a, b, low, high, BLOCK=256))
+    assert pair.compare_lanes == 0 and torch.equal(low, torch.minimum(a, b))
     # Top 64 of four blocks of 1024: the networks outweigh the 16 KB read many times.
     ceilings = roofline.from_datasheet(H100)
     big = predict([traced(topk_rows, torch.randn(1, 4096), 64, block=1024)], 0, 4096 * 4,

@@ -35,9 +35,9 @@ class Footprint:
     sectors: np.ndarray  # distinct sector ids (int64), tensor index in the high bits
     outside: int | None = None  # address of the first active lane outside every tensor
     stored: np.ndarray | None = None  # distinct addresses a store wrote, inside the tensors
-    # An atomic's lanes, the sector id of each: L2 applies the atomics on one sector one
-    # lane after another, so the launch's longest such chain is counted from these.
-    atomic_sectors: np.ndarray | None = None
+    # An atomic's lanes per sector: (distinct sector ids, lanes on each). L2 applies the
+    # atomics on one sector one lane after another: the launch's longest chain is their sum.
+    atomic_lanes: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def touched(self) -> int:
@@ -101,7 +101,8 @@ def footprint(access: Access, tensors: list[TensorArg]) -> Footprint:
         sectors=sorted_distinct(distinct),
         outside=outside,
         stored=sorted_distinct(addresses[valid]) if access.kind == "store" else None,
-        atomic_sectors=sector[valid] if access.kind == "atomic" else None,
+        atomic_lanes=(np.unique(sector[valid], return_counts=True)
+                      if access.kind == "atomic" else None),
     )
 
 

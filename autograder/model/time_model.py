@@ -17,20 +17,22 @@ FLOPs of its ``tl.dot`` calls. This module turns those counts into seconds::
     network = ceil(programs / SMs) x one program's compare-and-swap lanes
               x COMPARE_LANE_S                                sorting networks
 
-A kernel's time is the sum over its launches. Memory, compute and latency overlap (a
-launch takes the longest of them), but the parts of memory add up: a sector comes either
-from DRAM or from L2, and the two streams do not hide each other. On the H200 the online
-softmax, whose second read of each row hits L2, took 1.3x as long as the fused kernel
-that reads each row once; with the larger of the two taken, that read would be free.
+A kernel's time is the sum over its launches. Memory, compute, latency, atomic chains and
+sorting networks overlap (a launch takes the longest of them), but the parts of memory
+add up: a sector comes either from DRAM or from L2, and the two streams do not hide each
+other. On the H200 the online softmax, whose second read of each row hits L2, took 1.3x
+as long as the fused kernel that reads each row once; with the larger of the two taken,
+that read would be free.
 
 The constants were calibrated on an NVIDIA H200 against eleven measured workloads (the
 record is ``bench/calibration/h200-2026-11-26.json``; ``tests/test_calibration.py`` holds
-the model to it), the two for atomics on an H100 (``bench/calibration/h100-2026-11-27.json``,
-``tests/test_calibration_h100.py``). Each one's comment says what it stands for and where
-its value comes from. What the model leaves out: L1 and shared memory as caches, the
-layouts the compiler picks, register pressure and instruction issue, except for the
-compare-and-swaps of sorting networks (so histograms, scans and the CUDA-core work around a
-tl.dot are not counted).
+the model to it), the three for atomics and sorting networks on an H100
+(``bench/calibration/h100-2026-11-27.json``, ``tests/test_calibration_h100.py``). Each
+one's comment says what it stands for and where its value comes from. What the model
+leaves out: L1 and shared memory as caches, the layouts the compiler picks, register
+pressure and instruction issue, except for the compare-and-swaps of sorting networks
+written with tl.minimum and tl.maximum (so histograms, scans, tl.sort and tl.topk in the
+interpreter, and the CUDA-core work around a tl.dot are not counted).
 """
 
 from __future__ import annotations
@@ -71,28 +73,29 @@ ROUND_TRIP_S = 90e-9
 
 # An atomic is a read-modify-write that L2's atomic units apply, far slower than moving a
 # sector. Calibrated on the H100's k-means update_atomic with uniform labels: 2^22 points
-# x 64 features, 2^25 transactions of sums[label] plus 2.6 M of counts[label], took
+# x 64 features, 2^25 transactions of sums[label] plus 2.7 M of counts[label], took
 # 1220 µs beyond the kernel's DRAM time: 34 ps each, 8 sectors' worth of L2 time.
 ATOMIC_COST = 8.0
 
 # Atomics on one sector cannot overlap: L2 applies them one lane after another. Calibrated
 # on the same update with half the points in cluster 0: 16.8 M lanes (2.1 M transactions
-# of 8) on each sector of sums[0] took 10.1 ms, 0.59 ns a lane, about one per clock.
-# torch's index_add and a CUDA C kernel of atomics took the same 10.1 ms in that run: the
-# card's floor, not the kernel's. Per lane, not per transaction: fp8_quantize's 524 288
-# one-lane atomic_max on one address, 4.8 ns each at the transaction rate, would take
-# 2.5 ms; the whole kernel took 1.33 ms.
-ATOMIC_CHAIN_S = 0.59e-9
+# of 8) on each sector of sums[0] took 10.1 ms, 0.60 ns a lane, about one per clock. A
+# CUDA C kernel of atomics took the same 10.1 ms in that run (torch's index_add 10.8 ms):
+# the card's floor, not the kernel's. Counted per lane, not per transaction: at 4.8 ns
+# per transaction (10.1 ms over 2.1 M), fp8_quantize's 524 288 one-lane atomic_max on one
+# address would take 2.5 ms, where the whole kernel took 1.33 ms.
+ATOMIC_CHAIN_S = 0.60e-9
 
-# A sorting network (tl.sort, tl.topk, or one written with tl.minimum and tl.maximum) is
-# instruction work, not memory traffic: each layer compares and swaps every element with a
-# partner, most of them in another thread, so the data moves through shuffles and shared
-# memory as well. The trace counts the lanes of compare-and-swaps (the minimum and the
-# maximum of the same two operands). Calibrated on the H100's topk_rows at 4096 x 32768,
-# k = 64: 31.1 M such lanes per SM (32 programs of 0.97 M) took 4156 µs, 134 ps a lane per
-# SM, about 4 lanes per clock against 128 fp32 lanes: a compare-and-swap of 64-bit
-# (key, position) words and its exchange cost some thirty instructions.
-COMPARE_LANE_S = 134e-12
+# A sorting network is instruction work, not memory traffic: each layer compares and swaps
+# every element with a partner, most of them in another thread, so the data moves through
+# shuffles and shared memory as well. The trace counts the lanes of tl.minimum and
+# tl.maximum of the two halves of one tl.split, as a network written with them compares
+# (the course's top-k in the interpreter; on a GPU it calls tl.topk, the same network).
+# Calibrated on the H100's topk_rows at 4096 x 32768, k = 64: 32.1 M such lanes per SM (32
+# programs of 1.0 M) took 4156 µs, 129 ps a lane per SM, about 4.4 lanes per clock against
+# 128 fp32 lanes: a compare-and-swap of 64-bit (key, position) words and its exchange cost
+# some thirty instructions.
+COMPARE_LANE_S = 129e-12
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ descriptors all end there), atomic read-modify-writes and compare-and-swaps. Whi
 ``tracing()`` is active those methods are wrapped to note, for each access, which program
 made it, the absolute addresses of its lanes, which lanes were active, and the element
 size; lanes that point outside every tensor argument are recorded but not performed.
-Each ``tl.dot`` is recorded too, and the lanes of compare-and-swaps (a ``tl.minimum`` and
-a ``tl.maximum`` of the same two operands: a sorting network's step).
+Each ``tl.dot`` is recorded too, and the lanes of a sorting network's compare-and-swaps:
+``tl.minimum`` and ``tl.maximum`` of the two halves of one ``tl.split``, as a network
+written with them compares (``tl.sort`` and ``tl.topk`` themselves compare with
+``tl.where`` in the interpreter, and are not counted).
 A long trace need not keep its lanes: ``tracing(keep_lanes=False)`` reduces each access, as
 it happens, to the sectors and byte counts the traffic model needs (``footprint.py``),
 a few bytes per sector touched instead of nine per lane.
@@ -141,7 +143,9 @@ class Tracer:
             self._current.footprints.append(footprint(access, self._current.tensors))
 
 
-_OTHER = {"min": "max", "max": "min"}
+# The last tl.split outputs a launch keeps, to tell a network's comparisons: each layer
+# compares the halves of the split just before it.
+SPLITS_KEPT = 8
 
 # Active tracers, innermost last: a tracing() nested in another (an autotuner predicting
 # each config inside a check) records its launches alone, the outer one none of them.
@@ -182,7 +186,7 @@ def _hooks() -> Iterator[None]:
         "create_maxsi", "create_maxui", "create_maximumf", "create_maxnumf")
         if hasattr(builder, name))
     names = ("create_masked_load", "create_masked_store", "create_atomic_rmw",
-             "create_atomic_cas", "create_dot", *comparisons)
+             "create_atomic_cas", "create_dot", "create_split", *comparisons)
     originals = {name: getattr(builder, name) for name in names}
     original_run = InterpretedFunction.run
 
@@ -220,22 +224,28 @@ def _hooks() -> Iterator[None]:
                                     bool(np.ptp(a.data) == 0 or np.ptp(b.data) == 0)))
         return originals["create_dot"](a, b, d, input_precision, *rest, **kw)
 
-    def compared(name):
-        """A compare-and-swap is the minimum and the maximum of the same two operands; a
-        clamp or a running maximum (one of them, against a bound) is not one."""
-        kind = "min" if "_min" in name else "max"
+    def split(value):
+        halves = originals["create_split"](value)
+        current = _tracers[-1]._current
+        if current is not None:
+            recent = current.split_halves
+            recent[id(halves[0])] = halves  # kept alive, so the id stays theirs
+            if len(recent) > SPLITS_KEPT:
+                del recent[next(iter(recent))]
+        return halves
 
+    def compared(name):
+        """A step of a sorting network compares the two halves of one tl.split: the
+        larger of each pair one way, the smaller the other. A clamp, a running maximum or
+        a minimum of two unrelated tensors is no such step."""
         def wrapper(lhs, rhs):
             out = originals[name](lhs, rhs)
             current = _tracers[-1]._current
             if current is not None:
-                pair, pending = frozenset((id(lhs), id(rhs))), current.pending_compares
-                if pending.pop((_OTHER[kind], pair), None) is None:
-                    pending[kind, pair] = True
-                    if len(pending) > 16:  # an unmatched one is no swap: forget it
-                        del pending[next(iter(pending))]
-                else:
-                    current.compare_lanes += 2 * int(np.size(out.data))
+                halves = (current.split_halves.get(id(lhs))
+                          or current.split_halves.get(id(rhs)) or ())
+                if len(halves) == 2 and {id(h) for h in halves} == {id(lhs), id(rhs)}:
+                    current.compare_lanes += int(np.size(out.data))
             return out
         return wrapper
 
@@ -250,6 +260,7 @@ def _hooks() -> Iterator[None]:
         try:
             return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
         finally:
+            tracer._current.split_halves.clear()  # nothing held past the launch
             tracer.launches.append(tracer._current)
             tracer._current = outer
 
@@ -269,7 +280,7 @@ def _hooks() -> Iterator[None]:
 
     for name, wrapper in (("create_masked_load", load), ("create_masked_store", store),
                           ("create_atomic_rmw", rmw), ("create_atomic_cas", cas),
-                          ("create_dot", dot),
+                          ("create_dot", dot), ("create_split", split),
                           *((name, compared(name)) for name in comparisons)):
         setattr(builder, name, wrapper)
     InterpretedFunction.run = run

@@ -55,11 +55,11 @@ class Launch:
     tensors: list[TensorArg]
     accesses: list[Access] = field(default_factory=list)
     dots: list[Dot] = field(default_factory=list)
-    # Lanes of compare-and-swaps (a tl.minimum and a tl.maximum of the same two operands):
-    # the steps of sorting networks.
+    # Lanes of compare-and-swaps (tl.minimum or tl.maximum of the two halves of one
+    # tl.split): the steps of sorting networks.
     compare_lanes: int = 0
-    # While tracing: a minimum or maximum whose partner has not come yet.
-    pending_compares: dict = field(default_factory=dict, repr=False)
+    # While tracing: the latest tl.split outputs, by the id of their first half.
+    split_halves: dict = field(default_factory=dict, repr=False)
     # Integer launch arguments by name: sizes, strides, BLOCK_*, num_warps, num_stages.
     options: dict[str, int] = field(default_factory=dict)
     # Each access reduced to what the traffic model needs (footprint.Footprint), in the order

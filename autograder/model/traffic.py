@@ -14,8 +14,8 @@ From the accesses ``trace.py`` records, per launch:
   target card's size, with programs resident in waves of its SM count, in launch order;
 * the dependent steps ("rounds") each program takes: a load of a tensor that the current
   round has already loaded starts the next round, as each iteration of a loop does;
-* the lanes of compare-and-swaps (tl.minimum and tl.maximum of the same two operands):
-  the steps of sorting networks;
+* the lanes of compare-and-swaps (tl.minimum and tl.maximum of the two halves of one
+  tl.split): the steps of sorting networks;
 * out-of-bounds accesses (an active lane outside every tensor argument) and races (two
   programs storing to one address without an atomic).
 
@@ -81,7 +81,7 @@ class TrafficReport:
     sm_count: int = 0
     rounds: int = 0  # dependent steps, summed over programs
     flops: float = 0.0  # of the launch's tl.dot calls
-    compare_lanes: int = 0  # lanes of compare-and-swaps: sorting networks
+    compare_lanes: int = 0  # lanes of compare-and-swaps: sorting networks' steps
     dot: Dot | None = None  # the tile every program multiplies (matrix_units.main_dot)
     num_warps: int = 4
     num_stages: int = 3
@@ -168,11 +168,13 @@ def _count_requests(report: TrafficReport, launch: Launch, prints: list[Footprin
         requested[writes] += f.requested
         transactions[writes] += f.transactions
         report.partial_store_sectors += f.partial
-    atomics = [f for f in prints if f.atomic_sectors is not None]
+    atomics = [f for f in prints if f.atomic_lanes is not None]
     if atomics:
         report.atomic_transactions = int(sum(f.transactions.sum() for f in atomics))
-        lanes = np.concatenate([f.atomic_sectors for f in atomics])
-        report.atomic_chain = int(np.unique(lanes, return_counts=True)[1].max(initial=0))
+        sectors = np.concatenate([f.atomic_lanes[0] for f in atomics])
+        lanes = np.concatenate([f.atomic_lanes[1] for f in atomics])
+        _, on_one = np.unique(sectors, return_inverse=True)
+        report.atomic_chain = int(np.bincount(on_one, weights=lanes).max(initial=0))
     report.requested_load, report.requested_store = (int(r) for r in requested.sum(axis=1))
     report.load_sectors, report.store_sectors = (int(t) for t in transactions.sum(axis=1))
     for index, tensor in enumerate(report.per_tensor.values()):
@@ -438,7 +440,8 @@ class Prediction:
 
     @property
     def running_s(self) -> float:
-        """The launches once running: their memory, compute and latency."""
+        """The launches once running: their memory, compute, latency, atomic chains and
+        sorting networks."""
         return max(sum(t.body for t in self.times), self.work_s)
 
     @property
@@ -448,8 +451,8 @@ class Prediction:
 
     @property
     def bound(self) -> str:
-        """What sets the running time: "memory", "L2 transaction", "compute" or "latency"
-        (of the longest launch)."""
+        """What sets the running time: "memory", "L2 transaction", "compute", "latency",
+        "atomic chain" or "sorting network" (of the longest launch)."""
         if not self.times or self.work_s > sum(t.body for t in self.times):
             return "compute"
         return max(self.times, key=lambda t: t.body).bound
@@ -476,16 +479,12 @@ class Prediction:
             return f"{named.get(bound, bound)}-bound"
         return f"compute-bound on {few.programs} of {few.sm_count} SMs"
 
-    @staticmethod
-    def _work(t: LaunchTime) -> float:
-        """A launch's bytes, FLOPs, atomic chain and sorting networks: what it must do,
-        without the launch's fixed cost or waiting on latency."""
-        return max(t.memory, t.compute, t.chain, t.network)
-
     @property
     def traffic_s(self) -> float:
-        """What the work alone takes: no launch cost, no waiting on latency."""
-        return max(sum(self._work(t) for t in self.times), self.work_s)
+        """What the bytes and FLOPs alone take: no launch cost, no waiting on latency, and
+        neither atomic chains nor sorting networks (which ``seconds`` includes). A grade on
+        a CPU reads this: what the kernel's accesses decide, whatever the case's size."""
+        return max(sum(max(t.memory, t.compute) for t in self.times), self.work_s)
 
     @property
     def traffic_fraction(self) -> float:
@@ -493,15 +492,11 @@ class Prediction:
 
     @property
     def traffic_bound(self) -> str:
-        """What sets the time of the work alone."""
-        longest = max(self.times, key=self._work, default=None)
-        if longest is None or self.work_s > sum(self._work(t) for t in self.times) \
-                or longest.compute == self._work(longest) > longest.memory:
+        """What sets the time of the bytes and FLOPs alone."""
+        longest = max(self.times, key=lambda t: max(t.memory, t.compute), default=None)
+        if longest is None or self.work_s > sum(max(t.memory, t.compute) for t in self.times) \
+                or longest.compute > longest.memory:
             return "compute"
-        if longest.network > max(longest.memory, longest.chain):
-            return "sorting network"
-        if longest.chain > longest.memory:
-            return "atomic chain"
         return "memory" if longest.dram >= longest.l2 else "L2 transaction"
 
     @property
@@ -554,17 +549,17 @@ class Prediction:
                     "pipelined), and too few programs are in flight to hide the wait; more "
                     "programs in flight, or more work per load, would hide it")
         if self.bound == "atomic chain":
-            chain = max(self.reports, key=lambda r: r.atomic_chain)
-            return (f"atomic-chain-bound: {chain.atomic_chain:,} atomic lanes of {chain.kernel} "
+            hot = max(self.reports, key=lambda r: r.atomic_chain)
+            return (f"atomic-chain-bound: {hot.atomic_chain:,} atomic lanes of {hot.kernel} "
                     "land on one 32-byte sector, and L2 applies those one after another, "
                     "whatever the rest of the chip does (contention: many programs adding "
                     "into one address). Combine them first (a sum per block, or sort by "
                     "address and add each run once), then one atomic per run")
         if self.bound == "sorting network":
-            return ("sorting-network-bound: the compare-and-swaps of its tl.sort / tl.topk "
-                    "(or tl.minimum / tl.maximum) take longer than its bytes. A network does "
-                    "work in n·log²(n) for each block it sorts: fewer or smaller networks "
-                    "(a smaller k, selecting before sorting) cut it")
+            return ("sorting-network-bound: the compare-and-swaps of its sorting networks "
+                    "take longer than its bytes. A network does work in n·log²(n) for each "
+                    "block it sorts: fewer or smaller networks (a smaller k, selecting before "
+                    "sorting) cut it")
         if self.bound == "L2 transaction" and self.compulsory:
             return (f"L2-bound: {self.transactions / self.compulsory:.1f}× the compulsory "
                     "bytes cross between L2 and the multiprocessors (data read again from "
