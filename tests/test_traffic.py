@@ -276,6 +276,12 @@ def _network_lanes(log_n: int, log_k: int) -> int:
 
 
 @triton.jit
+def _sorted(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.sort(tl.load(x_ptr + offsets)))
+
+
+@triton.jit
 def _low_high(a_ptr, b_ptr, low_ptr, high_ptr, BLOCK: tl.constexpr):
     """Elementwise minimum and maximum of two tensors: no sorting network."""
     offsets = tl.arange(0, BLOCK)
@@ -291,6 +297,10 @@ def test_sorting_networks_count_their_compare_and_swaps_and_a_clamp_or_a_pair_is
     # Four blocks of 16, top 4 of each, each merged with the running top 4 (8 → 4).
     small = traced(topk_rows, torch.randn(1, 64), 4, block=16)
     assert small.compare_lanes == 4 * (_network_lanes(4, 2) + _network_lanes(3, 2))
+    # Triton's own tl.sort of 16: 4 · 5 / 2 = 10 layers, each element compared in each.
+    x, out = torch.randn(16), torch.empty(16)
+    assert traced(lambda: _sorted[(1,)](x, out, BLOCK=16)).compare_lanes == 16 * 10
+    assert torch.equal(out, x.sort().values)
     # fp8_quantize clamps every element to ±448 (a minimum and a maximum, against bounds).
     clamp = traced(fp8_quantize, torch.randn(4096).to(torch.bfloat16), torch.tensor([1.0]))
     assert clamp.compare_lanes == 0

@@ -30,9 +30,8 @@ the model to it), the three for atomics and sorting networks on an H100
 (``bench/calibration/h100-2026-11-27.json``, ``tests/test_calibration_h100.py``). Each
 one's comment says what it stands for and where its value comes from. What the model
 leaves out: L1 and shared memory as caches, the layouts the compiler picks, register
-pressure and instruction issue, except for the compare-and-swaps of sorting networks
-written with tl.minimum and tl.maximum (so histograms, scans, tl.sort and tl.topk in the
-interpreter, and the CUDA-core work around a tl.dot are not counted).
+pressure and instruction issue, except for the compare-and-swaps of sorting networks (so
+histograms, scans and the CUDA-core work around a tl.dot are not counted).
 """
 
 from __future__ import annotations
@@ -88,9 +87,10 @@ ATOMIC_CHAIN_S = 0.60e-9
 
 # A sorting network is instruction work, not memory traffic: each layer compares and swaps
 # every element with a partner, most of them in another thread, so the data moves through
-# shuffles and shared memory as well. The trace counts the lanes of tl.minimum and
-# tl.maximum of the two halves of one tl.split, as a network written with them compares
-# (the course's top-k in the interpreter; on a GPU it calls tl.topk, the same network).
+# shuffles and shared memory as well. The trace counts the lanes each layer compares: of
+# tl.minimum and tl.maximum of the two halves of one tl.split, as a network written with
+# them compares (the course's top-k in the interpreter; on a GPU it calls tl.topk, the
+# same network), and of each layer of tl.sort and tl.topk.
 # Calibrated on the H100's topk_rows at 4096 x 32768, k = 64: 32.1 M such lanes per SM (32
 # programs of 1.0 M) took 4156 µs, 129 ps a lane per SM, about 4.4 lanes per clock against
 # 128 fp32 lanes: a compare-and-swap of 64-bit (key, position) words and its exchange cost

@@ -6,10 +6,10 @@ descriptors all end there), atomic read-modify-writes and compare-and-swaps. Whi
 ``tracing()`` is active those methods are wrapped to note, for each access, which program
 made it, the absolute addresses of its lanes, which lanes were active, and the element
 size; lanes that point outside every tensor argument are recorded but not performed.
-Each ``tl.dot`` is recorded too, and the lanes of a sorting network's compare-and-swaps:
+Each ``tl.dot`` is recorded too, and the lanes of sorting networks' compare-and-swaps:
 ``tl.minimum`` and ``tl.maximum`` of the two halves of one ``tl.split``, as a network
-written with them compares (``tl.sort`` and ``tl.topk`` themselves compare with
-``tl.where`` in the interpreter, and are not counted).
+written with them compares, and each layer of ``tl.sort``, ``tl.topk`` and
+``tl.bitonic_merge`` (Triton's own compare-and-swap, a device function).
 A long trace need not keep its lanes: ``tracing(keep_lanes=False)`` reduces each access, as
 it happens, to the sectors and byte counts the traffic model needs (``footprint.py``),
 a few bytes per sector touched instead of nine per lane.
@@ -189,6 +189,7 @@ def _hooks() -> Iterator[None]:
              "create_atomic_cas", "create_dot", "create_split", *comparisons)
     originals = {name: getattr(builder, name) for name in names}
     original_run = InterpretedFunction.run
+    original_call = InterpretedFunction.__call__
 
     def load(ptrs, mask, *rest, **kw):
         tracer = _tracers[-1]
@@ -249,6 +250,18 @@ def _hooks() -> Iterator[None]:
             return out
         return wrapper
 
+    # Triton's own networks (tl.sort, tl.topk, tl.bitonic_merge) compare with tl.where, one
+    # layer per call of this device function: each element once, as a step above counts.
+    from triton.language import standard
+
+    swap = getattr(getattr(standard, "_compare_and_swap", None), "fn", None)
+
+    def device_call(self, *args, **kwargs):
+        current = _tracers[-1]._current
+        if swap is not None and self.fn is swap and current is not None:
+            current.compare_lanes += int(np.size(args[0].handle.data))
+        return original_call(self, *args, **kwargs)
+
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
             return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -284,12 +297,14 @@ def _hooks() -> Iterator[None]:
                           *((name, compared(name)) for name in comparisons)):
         setattr(builder, name, wrapper)
     InterpretedFunction.run = run
+    InterpretedFunction.__call__ = device_call
     if original_bench is not None:
         Autotuner._bench = bench
     try:
         yield
     finally:
         InterpretedFunction.run = original_run
+        InterpretedFunction.__call__ = original_call
         if original_bench is not None:
             Autotuner._bench = original_bench
         for name in originals:
