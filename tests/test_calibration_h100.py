@@ -25,9 +25,9 @@ time and what the model gives, as an xfail that must fail):
   No other point here checks those constants on its own: fp8_quantize's chain (0.31 ms)
   stays under its DRAM time, and the sorted update is missed for another reason;
 * update_sorted with half the points in cluster 0 extrapolates, and the model misses it
-  by 2x: it does not count instructions (count_and_rank's all-pairs comparison of labels,
-  segment_sum's prefix sums). So the ladder of the contended update keeps its order, with
-  too wide a gap;
+  by 2x, presumably in the instructions it does not count (count_and_rank's all-pairs
+  comparison of labels, segment_sum's prefix sums). So the ladder of the contended update
+  keeps its order, with too wide a gap;
 * topk_rows extrapolates exactly (no data-dependent branch); its time is its sorting
   networks', and at 4096 x 32768, k = 64 it sets the model's COMPARE_LANE_S; at
   256 x 262144, k = 256 (other networks, 16x fewer programs) it is held to it;
