@@ -25,7 +25,7 @@ class Footprint:
     the bytes requested and the transactions (distinct sectors per group of 32 lanes).
     Then the store transactions that write only part of their sector, the distinct sectors
     touched (for DRAM), and for the checks the first lane outside every tensor and the
-    addresses a store wrote; for an atomic, the sector of each of its lanes."""
+    addresses a store wrote; for an atomic, its lanes on each sector."""
 
     kind: str  # "load", "store" or "atomic"
     program: int

@@ -55,8 +55,7 @@ class Launch:
     tensors: list[TensorArg]
     accesses: list[Access] = field(default_factory=list)
     dots: list[Dot] = field(default_factory=list)
-    # Lanes of compare-and-swaps (tl.minimum or tl.maximum of the two halves of one
-    # tl.split): the steps of sorting networks.
+    # Lanes of sorting networks' compare-and-swaps (trace.py says which it counts).
     compare_lanes: int = 0
     # While tracing: the latest tl.split outputs, by the id of their first half.
     split_halves: dict = field(default_factory=dict, repr=False)

@@ -14,8 +14,7 @@ From the accesses ``trace.py`` records, per launch:
   target card's size, with programs resident in waves of its SM count, in launch order;
 * the dependent steps ("rounds") each program takes: a load of a tensor that the current
   round has already loaded starts the next round, as each iteration of a loop does;
-* the lanes of compare-and-swaps (tl.minimum and tl.maximum of the two halves of one
-  tl.split): the steps of sorting networks;
+* the lanes of sorting networks' compare-and-swaps (``trace.py`` says which it counts);
 * out-of-bounds accesses (an active lane outside every tensor argument) and races (two
   programs storing to one address without an atomic).
 
