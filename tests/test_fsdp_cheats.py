@@ -254,33 +254,3 @@ def test_a_plan_answer_off_by_a_little_more_than_rounding_fails_showing_the_diff
                            result.causes[0])
         assert shown and all(got != want for got, want in shown), result.causes[0]
 
-
-# --- a stand-in for DTensor's class ----------------------------------------------------------
-
-
-def plants_a_dtensor(x: torch.Tensor) -> torch.Tensor:
-    """On a rank, as a learner's code could: a module of its own under DTensor's name, whose
-    DTensor no real one is (local_part would take every FSDP2 shard as a plain tensor);
-    then which class the grader's live_memory tells DTensors by."""
-    import sys
-    import types
-
-    from rooflab.autograder.evidence import live_memory
-
-    fake = types.ModuleType("torch.distributed.tensor")
-    fake.DTensor = type("DTensor", (torch.Tensor,), {})
-    sys.modules["torch.distributed.tensor"] = sys.modules["torch.distributed._tensor"] = fake
-    bound = live_memory.dtensor()
-    return torch.tensor([bound.__module__.startswith("torch.distributed.tensor"),
-                         bound is fake.DTensor])
-
-
-def test_a_dtensor_class_the_learner_plants_does_not_stand_in():
-    """live_memory imports DTensor's class on first need; a rank's launcher binds it before
-    the learner's code runs, so a module put in sys.modules under its name later is never
-    the class the grader asks about."""
-    from rooflab.autograder.ranks import on_ranks
-
-    (run,) = on_ranks(plants_a_dtensor, 1, torch.ones(1))
-    real_class, the_stand_in = run.output.tolist()
-    assert real_class and not the_stand_in

@@ -25,25 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# DTensor's class, bound by ``dtensor()``. Importing it costs most of a second, which
-# every process that imports the grader would pay (each notebook kernel, each checked
-# child), where only the ranks of FSDP and tensor parallelism hold DTensors.
-_DTENSOR: type | None = None
-
-
-def dtensor() -> type:
-    """DTensor's class, imported on first need. A rank's launcher binds it before the
-    learner's module loads (``ranks/launcher.py``, ``ranks/forkserver.py``), so that no
-    module the learner puts in ``sys.modules`` can stand in for it, and ``freeze`` does
-    before a measure starts, so that the import's own memory is the grader's."""
-    global _DTENSOR
-    if _DTENSOR is None:
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:  # torch 2.4 keeps it private
-            from torch.distributed._tensor import DTensor
-        _DTENSOR = DTensor
-    return _DTENSOR
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch 2.4 keeps it private
+    from torch.distributed._tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -205,7 +190,6 @@ def freeze() -> list:
     hiding what it made from ``live``, the sentinel is frozen with them and is no longer
     among the objects the collector lists (``refrozen``). Thawing them instead
     shows the grader's objects to ``live`` as the learner's: its own loss."""
-    dtensor()
     gc.freeze()
     return []
 
@@ -267,7 +251,7 @@ def local_part(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """A DTensor's shard on this rank (FSDP2's and tensor parallelism's parameters are
     DTensors), by its class: a ``to_local`` attribute a tensor claims is no evidence.
     Any other tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, dtensor()) else tensor
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def storage_bytes(items: list[object]) -> int:

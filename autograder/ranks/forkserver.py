@@ -190,10 +190,7 @@ atexit.register(stop)
 def serve(parent: int) -> None:
     # What the launcher imports before it installs the record: torch, torch.distributed,
     # the harness. Importing more would change what a learner's module sees.
-    from ..evidence import live_memory
     from . import launcher, rank, record, transport  # noqa: F401
-
-    live_memory.dtensor()  # once here, not once per launcher (launcher.main binds it)
 
     os.write(1, b"ready\n")
     pending = b""

@@ -91,14 +91,12 @@ def main(job_folder: str, parent: int | None = None) -> int:
         # that resolves (containers and CI machines often have none).
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-    from ..evidence import live_memory
     from . import rank, record, transport
 
     signal.signal(signal.SIGTERM, _end_on_term)
     record.install()  # before the function is loaded: its globals must see the wrappers
     for module in job.get("preload", ()):
         importlib.import_module(module)
-    live_memory.dtensor()  # bound before the learner's module can stand in for it
     try:
         candidate = transport.unpack((job_dir / "function.pkl").read_bytes())
     except BaseException as error:  # noqa: BLE001 (the learner's module: anything goes)
