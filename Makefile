@@ -4,9 +4,18 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
-# torch to install if the venv has none. The default lets pip choose (a CUDA build on
-# Linux); CI pins a CPU wheel with `make test TORCH=torch==2.13.0`.
+# The versions CI tested: `make lab` and `make test` install under these constraints, the
+# same file `rooflab grade`'s CI template installs under, so a newcomer gets what CI ran.
+# `CONSTRAINTS=none` takes the newest the index serves (a venv made under the pins is
+# upgraded, and made under them again by the next plain `make`).
+CONSTRAINTS ?= ci/templates/constraints.txt
+PINNED := $(if $(filter none,$(CONSTRAINTS)),,$(CONSTRAINTS))
+PIP_INSTALL := $(BIN)/python -m pip install -q \
+	$(if $(PINNED),-c $(PINNED),--upgrade --upgrade-strategy eager)
+# One stamp per setting: switching between the pins and the newest installs again.
+STAMP := $(VENV)/.installed-$(if $(PINNED),pinned,newest)
+# torch to install if the venv has none, within the constraints (torch 2.13.0 there: on
+# Linux pip's default index serves a CUDA build of several GB, see TORCH_INDEX).
 TORCH ?= torch>=2.4
 # An extra package index to take torch from: on a machine without a GPU, PyTorch's CPU
 # builds, `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` (about 200 MB).
@@ -25,10 +34,10 @@ $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rooflab needs Python 3.10+"'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q \
-		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[lab,dev]"
+$(STAMP): pyproject.toml $(PINNED) | $(BIN)/python
+	rm -f $(VENV)/.installed-*
+	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(PIP_INSTALL) -e ".[lab,dev]"
 	$(BIN)/rooflab doctor
 	touch $(STAMP)
 

@@ -24,8 +24,10 @@ checks each message against what the algorithm must deliver at that step, so mes
 the right sizes that carry nothing fail, however the answer got to the ranks. And while
 the candidate runs (``watch``), so is every way around the functions above that Python
 can see: a process group or a store it builds itself, and a group's own methods called
-directly. Every public function of torch.distributed is recorded but those listed as
-``SILENT``, so one that a new torch adds is recorded until it is classified. So are the
+directly. Deny by default: every public function of torch.distributed is recorded but
+those listed as ``SILENT``, every public class built but the ``SILENT_CLASSES``, every
+method of a process group called but the ``SILENT_METHODS``; so what a newer torch adds
+is recorded, and reported as a library call, until it is classified here. So are the
 functional collectives that DTensor issues (``FUNCTIONAL``), and the operators under them
 (``OPERATORS``, torch.ops._c10d_functional), under the name of the collective each one
 is: a tensor-parallel plan of PyTorch's is graded on its calls as a learner's is.
@@ -204,7 +206,7 @@ class Call:
     def library(self) -> str:
         """How the learner's code reached it, for a message: "dist.all_reduce",
         "ProcessGroup.allreduce directly", "dist.ProcessGroupGloo(…)"."""
-        if self.op in BUILDERS:
+        if self.op in BUILDERS or inspect.isclass(getattr(dist, self.op, None)):
             return f"dist.{self.op}(…)"
         if self.op in INTERNALS:
             return f"dist.distributed_c10d.{self.op}()"
@@ -587,23 +589,39 @@ def _whose(group: object) -> str:
     return HARNESS if any(group is mine for mine in _default_group()) else OWN
 
 
+GROUP_CLASSES = (torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend)
+
+
+def group_methods(cls: type) -> list[str]:
+    """The methods of a process group class (or its backend's) that ``install`` records:
+    every one it defines but the ``SILENT_METHODS``, the dunders and its nested types."""
+    return [name for name, value in vars(cls).items() if not name.startswith("__")
+            and name not in SILENT_METHODS and callable(value) and not inspect.isclass(value)]
+
+
+def built_classes() -> list[str]:
+    """The public classes of torch.distributed whose construction ``install`` records:
+    every one but the ``SILENT_CLASSES`` (the ``BUILDERS``, and any a newer torch adds)."""
+    return [name for name in public(dist) if inspect.isclass(getattr(dist, name))
+            and name not in SILENT_CLASSES]
+
+
 def _install_methods() -> None:
-    """Wrap the methods of a process group and its backend that move data, the
-    constructors of groups and stores, and a store's methods: ways around the
-    module's functions that Python can still see."""
+    """Wrap the methods of a process group and its backend (all but the silent ones), the
+    constructors of groups, stores and any class not known to be silent, and a store's
+    methods: ways around the module's functions that Python can still see."""
     c10d = dist.distributed_c10d
-    for cls in (torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend):
-        for name in GROUP_METHODS:
-            if name in vars(cls):
-                setattr(cls, name, _around(f"{cls.__name__}.{name}", getattr(cls, name),
-                                           _method_tensors, _whose))
+    for cls in GROUP_CLASSES:
+        for name in group_methods(cls):
+            setattr(cls, name, _around(f"{cls.__name__}.{name}", getattr(cls, name),
+                                       _method_tensors, _whose))
     store = torch._C._distributed_c10d.Store
     for name in STORE_METHODS:
         if name in vars(store):
             setattr(store, name, _around(f"Store.{name}", getattr(store, name)))
-    for name in BUILDERS:
-        cls = getattr(dist, name, None)
-        if isinstance(cls, type) and "__init__" in vars(cls):
+    for name in built_classes():
+        cls = getattr(dist, name)
+        if "__init__" in vars(cls):
             cls.__init__ = _around(name, vars(cls)["__init__"])
     for name in INTERNALS:
         original = getattr(c10d, name, None)
@@ -633,6 +651,13 @@ def _wrap(name: str, original):
 _installed = False
 
 
+def recorded_functions() -> list[str]:
+    """The public functions of torch.distributed that ``install`` records: every one but
+    the ``SILENT`` (the classified ones, and any a newer torch adds)."""
+    return [name for name in public(dist) if name not in SILENT
+            and not inspect.isclass(getattr(dist, name))]
+
+
 def install() -> None:
     """Wrap torch.distributed's functions in this process (idempotent): every public one
     but the ``SILENT``, under both names where it has two, ``torch.distributed.send`` and
@@ -643,10 +668,8 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    names = [name for name in public(dist) if name not in SILENT
-             and not inspect.isclass(getattr(dist, name))]
     for name in dict.fromkeys([*POINT_TO_POINT, *COLLECTIVES, *GROUPS, "batch_isend_irecv",
-                               *names]):
+                               *recorded_functions()]):
         original = getattr(dist, name, None) or getattr(dist.distributed_c10d, name, None)
         if original is None:  # an older torch without it
             continue
