@@ -70,8 +70,8 @@ def jupyterlab(tmp_path):
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"))
     shutil.copytree(ROOT / "labs", tmp_path / "labs")
-    command = [str(JUPYTER), "lab", f"--notebook-dir={tmp_path / 'labs'}", "--no-browser", "--ip=127.0.0.1",
-               f"--port={port}", "--ServerApp.port_retries=0",
+    command = [str(JUPYTER), "lab", f"--notebook-dir={tmp_path / 'labs'}", "--no-browser",
+               "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={token}",
                # The checkpoint JupyterLab makes on opening goes to tmp_path, not labs/.
                f"--FileCheckpoints.checkpoint_dir={tmp_path / 'checkpoints'}"]
