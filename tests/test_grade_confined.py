@@ -8,6 +8,7 @@ holds every answer, as the README's instructor command does:
   mounts the kernels without their answers over the installed ones, so NOT IMPLEMENTED;
 * one whose lab 00 hands in the grader's own references: each exercise fails, naming them;
 * one whose lab 00 tries, from its own cells, everything confinement forbids: reading
+  the grader's environment in any process in view (/proc/N/environ, cmdline, mem),
   another submission, finding the gradebook through /proc, writing a result of its own
   into it, writing outside its folder, reaching a server of the grader's, and leaving
   processes behind, one of them from a cell that then ends the kernel. Where an attempt
@@ -15,6 +16,7 @@ holds every answer, as the README's instructor command does:
   it would have written is looked for outside afterwards.
 """
 
+import inspect
 import json
 import os
 import socket
@@ -23,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import cheats
 import pytest
 
 from rooflab.autograder.confine import why_unavailable
@@ -93,8 +96,14 @@ def _hostile(paths: dict) -> dict:
 
     reads = (f"import os\n_seen = os.path.exists({str(paths['other'])!r}) or "
              f"os.path.exists({str(paths['out'])!r})\n")
+    # The grader's command line in /proc, or its environment in any process in view (the
+    # sandbox's own first process, bubblewrap, among them): environ, cmdline and memory.
+    secret = cheats.GRADERS_SECRET[1][::-1]  # reversed: the cell itself is in view
     proc = ("import os\n_found = [p for p in os.listdir('/proc') if p.isdigit() and "
-            "b'--out' in open(f'/proc/{p}/cmdline', 'rb').read()]\n")
+            "b'--out' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+            + inspect.getsource(cheats.seen_in_proc)
+            + f"_seen = seen_in_proc({secret!r}[::-1].encode())\n"
+            "_found = _found or _seen['holding'] or _seen['memory_read'] == 0\n")
     # The grader's scratch folder, where the other notebooks' folders are: the sandbox
     # has a /tmp of its own, so a write there lands in it, and is looked for outside.
     writes = ("_wrote = []\n"
@@ -160,8 +169,9 @@ def graded(tmp_path_factory):
                "--course", str(course), "--jobs", "2", "--cell-timeout", "60",
                "--memory", "6G"]
     start = time.monotonic()
+    name, secret = cheats.GRADERS_SECRET
     done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, TMPDIR=str(tmp)))
+                          env=dict(os.environ, TMPDIR=str(tmp), **{name: secret}))
     seconds = time.monotonic() - start
     left = _alive()
     time.sleep(4)  # past the daemons' 3 s: had one lived, it would have written by now
@@ -208,7 +218,9 @@ def test_handing_in_the_graders_references_fails_every_exercise(graded):
 def test_a_notebook_sees_no_other_submission_no_gradebook_and_no_grader(graded):
     verdicts = _verdicts(graded["results"]["oscar"])
     assert verdicts["roofline/cost_vector_add"] == "PASS"  # read neither alice nor --out
-    assert verdicts["roofline/cost_softmax"] == "PASS"  # no process with --out in /proc
+    # No process in view has --out in its command line, nor the grader's secret in its
+    # environment, command line or memory (and the memory of one was read).
+    assert verdicts["roofline/cost_softmax"] == "PASS"
 
 
 def test_a_notebook_writes_nowhere_but_its_own_folder(graded):

@@ -5,6 +5,8 @@ what it tried had no effect: it reads no file of another submission, writes nowh
 own folder, reaches no server but its own loopback, keeps no process alive once it ends,
 and inherits none of the grader's secrets. Skipped where bubblewrap cannot run."""
 
+import inspect
+import json
 import os
 import socket
 import subprocess
@@ -13,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import cheats
 import pytest
 
 from rooflab.autograder.confine import Sandbox, why_unavailable
@@ -128,6 +131,23 @@ def test_it_inherits_none_of_the_graders_secrets(tmp_path, monkeypatch):
     assert done.stdout.split() == ["None", "7"], done.stderr
 
 
+def test_no_process_inside_holds_a_variable_set_for_the_grader_alone(tmp_path, monkeypatch):
+    """bubblewrap is the first process inside: its environment and memory are in view
+    (/proc/1/environ, /proc/1/mem), and must not hold the grader's."""
+    name, secret = cheats.GRADERS_SECRET
+    monkeypatch.setenv(name, secret)
+    # The secret reversed: the code is bubblewrap's command line, in view too.
+    done = confined(tmp_path, inspect.getsource(cheats.seen_in_proc) + f"""
+import json
+print(json.dumps(seen_in_proc({secret[::-1]!r}[::-1].encode())))
+""")
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["holding"] == [], seen
+    # It looked: at bubblewrap and itself, and read bubblewrap's memory.
+    assert seen["processes"] >= 2 and seen["memory_read"] > 0, seen
+
+
 def test_a_pinned_folder_cannot_be_replaced_by_a_link(tmp_path):
     (tmp_path / "box" / "records").mkdir(parents=True)
     done = confined(tmp_path, """
@@ -164,6 +184,16 @@ def test_rooflab_check_runs_where_the_temporary_folder_is_a_link(tmp_path):
                           capture_output=True, timeout=120,
                           env=dict(os.environ, TMPDIR=str(tmp_path / "linked")))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_rooflab_check_s_sandbox_holds_none_of_the_graders_environment(tmp_path):
+    name, secret = cheats.GRADERS_SECRET
+    done = subprocess.run([sys.executable, "-m", "rooflab.autograder.cli", "check",
+                           "roofline/cost_vector_add",
+                           f"{Path(cheats.__file__)}:cost_if_nothing_leaks"], text=True,
+                          capture_output=True, timeout=180, env=dict(os.environ, **{name: secret}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the secret in: []" in done.stdout and "looked at" in done.stdout, done.stdout
 
 
 @pytest.mark.gpu

@@ -13,7 +13,8 @@ grader's job files, not the home folder. It has a network namespace of its own, 
 interface is loopback (enough for gloo ranks, and nothing beyond); a pid namespace of its
 own, so that when its first process ends, or the grader that started it dies, every
 process it started ends too; and a cleared environment (no token of the grader's leaks
-in). On a machine with a GPU the NVIDIA device nodes are bound in.
+in), bubblewrap's own too: it is the first process inside, and its environment and
+memory can be read there. On a machine with a GPU the NVIDIA device nodes are bound in.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ SYSTEM = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"
 KEPT_ENV = ("ROOFLAB_", "TRITON_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_", "OMP_",
             "MKL_", "LC_", "JPY_", "PYTEST_CURRENT_TEST", "PATH", "LANG", "TERM",
             "LD_LIBRARY_PATH", "PYTHONHASHSEED")
+# Starts bubblewrap with no environment at all (coreutils' env, on every Linux).
+ENV = shutil.which("env") or "/usr/bin/env"
 # The namespaces: its own user, pids, network (loopback only), IPC and host name.
 UNSHARE = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try"]
@@ -65,7 +68,11 @@ class Sandbox:
         # writes there in memory, where no address-space limit applies.
         tmp = scratch / "tmp"
         tmp.mkdir(exist_ok=True)
-        args = ["bwrap", *UNSHARE, "--die-with-parent", "--dev", "/dev", "--proc", "/proc"]
+        # bubblewrap itself starts with an empty environment: it stays inside as pid 1,
+        # whose /proc/1/environ (and memory) the graded code can read, and --clearenv
+        # clears only its child's. What the child keeps is set by --setenv below.
+        args = [ENV, "-i", shutil.which("bwrap") or "bwrap", *UNSHARE, "--die-with-parent",
+                "--dev", "/dev", "--proc", "/proc"]
         for path in SYSTEM:
             args += _mount(Path(path))
         # /tmp before the rest: what follows may be in the grader's /tmp, and must show.
