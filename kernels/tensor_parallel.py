@@ -294,6 +294,8 @@ def parallelize_sequence(block: Block) -> Block:
 # --- the same with PyTorch's DTensor --------------------------------------------------------------
 
 
+# PyTorch's plan is a right answer to tp/block and tp/sequence: the learner writes it too
+# (lab 10, section 2), and a release ships it as a stub.
 def dtensor_plan(block: Block, sequence: bool = False) -> Block:
     """The block split by ``torch.distributed.tensor.parallel``, as torchtitan splits
     Llama's: the library's version of ``parallelize`` (``sequence=False``) and of
@@ -309,20 +311,26 @@ def dtensor_plan(block: Block, sequence: bool = False) -> Block:
         parallelize_module,
     )
 
+    ### BEGIN SOLUTION
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     between = Shard(SEQUENCE) if sequence else Replicate()
+    ### KEY
     plan = {name: ColwiseParallel() if split == "column"
             else RowwiseParallel(output_layouts=between)
             for name, split in SPLITS.items()}
+    ### END KEY
     for half in ("attention", "mlp"):
         # One f for q, k and v together: their inputs' gradients add up before the one
         # all-reduce (or reduce-scatter) that turns them from partial sums into the sum.
+        ### KEY
         plan[half] = PrepareModuleInput(input_layouts=(between,),
                                         desired_input_layouts=(Replicate(),),
                                         use_local_output=False)
+        ### END KEY
     if sequence:
         plan["attention_norm"] = plan["mlp_norm"] = SequenceParallel()
     return parallelize_module(block, mesh, plan)
+    ### END SOLUTION
 
 
 # --- 5. counting ----------------------------------------------------------------------------------

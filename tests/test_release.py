@@ -160,3 +160,34 @@ def test_a_released_lab_runs_on_the_releases_own_kernels_and_fails_only_at_check
             unexpected.append(f"cell {index}: {errors[0].ename}: {errors[0].evalue[:200]}")
     assert checks == 3 and not unexpected, "\n".join(unexpected)
     assert waiting >= 2  # the charts of the strided copy and of the transpose say so
+
+
+@pytest.mark.slow
+def test_a_release_ships_no_answer_every_problem_fails_what_its_kernels_hold(
+        released, tmp_path):
+    """Every problem's named solution is a stub in the release, and no other callable of
+    its module that takes the same arguments passes it (PyTorch's tensor-parallel plan,
+    shown in lab 10, once passed tp/block and tp/sequence)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    package = tmp_path / "path" / "rooflab"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for part in ("autograder", "kernels"):
+        (package / part).symlink_to(released / part, target_is_directory=True)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "release_answers.py")],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path / "path")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    from rooflab.autograder import all_problems
+
+    assert {row["problem"] for row in found} == {spec.id for spec in all_problems()}
+    assert [row["problem"] for row in found if not row["stubbed"]] == []
+    tried = {(row["problem"], other): verdict for row in found
+             for other, verdict in row["others"].items()}
+    assert ("softmax/fused", "softmax_naive") in tried and len(tried) >= 10, tried  # it looked
+    assert [pair for pair, verdict in tried.items() if verdict == "PASS"] == [], tried
