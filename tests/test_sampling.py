@@ -239,6 +239,68 @@ def test_a_sort_on_the_host_is_named():
     assert not result.passed and "aten.sort" in result.message(), result.message()
 
 
+@triton.jit
+def _own_uniforms_kernel(out_ptr, N, seed, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.rand(seed, offsets), mask=offsets < N)
+
+
+def with_its_own_uniforms(probs, top_k, top_p, uniforms):
+    """The course's draw, from uniforms a kernel of its own made up (tl.rand)."""
+    own = torch.empty_like(uniforms)
+    _own_uniforms_kernel[(triton.cdiv(own.numel(), 1024),)](own, own.numel(), 1234, BLOCK=1024)
+    return sampling.top_k_top_p_sample(probs, top_k, top_p, own)
+
+
+def test_a_kernel_drawing_random_numbers_of_its_own_fails():
+    """Draws in distribution prove nothing of the uniforms: draws of one row handed the
+    same uniforms must give the same token."""
+    result = grade(PEAKED, with_its_own_uniforms)
+    assert not result.passed and "must not draw random numbers of its own" in \
+        result.message(), result.message()
+    # For 20 seeds, its draws otherwise right (torch's own generator, seeded apart).
+    generator = torch.Generator().manual_seed(7)
+    own = lambda probs, k, p, uniforms: sampling.top_k_top_p_sample(  # noqa: E731
+        probs, k, p, torch.rand(uniforms.shape, generator=generator))
+    for spec in (PEAKED, TIES, K_BINDS):
+        causes = causes_by_seed(spec, own)
+        assert all("must not draw random numbers of its own" in c for c in causes), causes
+
+
+def test_the_copies_of_uniforms_are_left_out_of_the_counts_and_agree_for_the_course_kernel():
+    case = PEAKED.cpu_cases[0]
+    probs, top_k, top_p, uniforms = SPEC.make_inputs(case, torch.Generator().manual_seed(3),
+                                                     CPU)
+    reference = SPEC.reference(probs.double(), top_k, top_p, uniforms.double())
+    for row in reference.rows:
+        assert len(row.pairs) == problem.PAIRS and row.draws == row.span - problem.PAIRS
+    tokens = sampling.top_k_top_p_sample(probs, top_k, top_p, uniforms)
+    assert all(tokens[row.first + a] == tokens[row.first + b]
+               for row in reference.rows for a, b in row.pairs)
+
+
+def test_int32_tokens_cast_to_int64_on_the_host_pass(tmp_path):
+    """Host code may cast: the kernel stores int32 ids, the host makes them int64."""
+    narrow = mutants.mutant(
+        tmp_path, "sampling",
+        ("out = torch.empty(m, dtype=torch.int64, device=probs.device)",
+         "out = torch.empty(m, dtype=torch.int32, device=probs.device)"),
+        ("        num_warps=min(16, max(4, block_m * block_v // 512)))\n    return out\n",
+         "        num_warps=min(16, max(4, block_m * block_v // 512)))\n"
+         "    return out.to(torch.int64)\n"), name="mutant_sampling_int32")
+    result = grade(only(SPEC, problem.PEAKED, problem.STRIDED), narrow.top_k_top_p_sample)
+    assert result.passed, result.message()
+
+
+def test_tokens_no_kernel_stored_fail():
+    def host_tokens(probs, top_k, top_p, uniforms):
+        tokens = sampling.top_k_top_p_sample(probs, top_k, top_p, uniforms)
+        return torch.from_numpy(tokens.numpy().copy())  # the kernel's, made anew by numpy
+
+    result = grade(PEAKED, host_tokens)
+    assert not result.passed, result.message()
+
+
 def test_reading_every_row_again_and_again_fails():
     def four_times(probs, top_k, top_p, uniforms):
         for _ in range(3):

@@ -17,7 +17,10 @@ together; top_k >= V is no top-k, top_p = 1 no top-p). Then:
    it is there for came out at 1e-9 and below: a draw not renormalised, the boundary
    left out, tied tokens cut apart; the k-th token left out and ties at the k-th place cut
    came out at 1e-9 and below too);
-3. from the trace: the probabilities read about as often as rejection sampling needs
+3. the uniforms decide the draw: a few draws of each row are handed the same uniforms as
+   another draw of that row (``PAIRS``), and must give the same token (a kernel drawing
+   random numbers of its own fails here; these copies are left out of the counts above);
+4. from the trace: the probabilities read about as often as rejection sampling needs
    (a draw and the count and mass above it, per round, for the rounds its rows expect), nothing
    written beside the answer (a sorted copy of the rows, a cumulative sum), and no load
    of more than 4096 probabilities of a row at once (a vocabulary of 128k does not fit
@@ -31,7 +34,7 @@ float64 reference puts it. A count is exact: top_k has no margin.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -50,6 +53,11 @@ ROUNDS = 32
 MARGIN = 1e-5  # a token whose mass above is this close to top_p may be in or out
 P_VALUE = 1e-6  # a row's draws fail the chi-square test below this
 CHUNK = 4096  # the most probabilities of one row a load may touch
+# Draws of a row handed the same uniforms as an earlier draw of it: the same token must
+# come. A sampler that ignores the uniforms agrees on a pair with the odds that two draws
+# agree (the sum of p² over the nucleus, about 0.3 on a peaked row); it fails at two pairs
+# that differ, so a last-bit difference in a kernel's sums on one pair fails nothing.
+PAIRS = 16
 # Host code may only allocate, view, fill and copy (the engine's rule); named so that the
 # problem says what it forbids above all.
 SORTING_OPS = frozenset({"sort", "argsort", "topk", "kthvalue", "msort", "multinomial",
@@ -121,6 +129,9 @@ def _inputs(case: Case, gen: torch.Generator, device: torch.device) -> tuple:
         wide[:, :v] = probs
         probs = wide[:, :v]
     uniforms = torch.rand(probs.shape[0], ROUNDS, generator=gen, device=device)
+    pairs = min(PAIRS, draws // 4)
+    for first in range(0, probs.shape[0], draws):  # each row's last draws repeat its first
+        uniforms[first + draws - pairs:first + draws] = uniforms[first:first + pairs]
     return probs, case.sizes["top_k"], _top_p(case), uniforms
 
 
@@ -141,7 +152,19 @@ class Row:
     within_p: np.ndarray  # bool, [V]: the mass of the tokens more probable is below top_p
     allowed_p: np.ndarray  # bool, [V]: within_p, and the tokens within MARGIN of its edge
     first: int  # its first row in the batch
-    draws: int
+    span: int  # its rows in the batch, from ``first``
+    # The rows (from ``first``) handed the same uniforms as an earlier one: (earlier, copy).
+    # The copies are left out of the counts, which are of independent draws.
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def draws(self) -> int:
+        """Its independent draws: its rows, less the copies."""
+        return self.span - len(self.pairs)
+
+    def independent(self, tokens: np.ndarray) -> np.ndarray:
+        """Of the tokens drawn for its rows (``span`` of them), those of independent draws."""
+        return np.delete(tokens, [copy for _, copy in self.pairs])
 
     @property
     def nucleus(self) -> np.ndarray:
@@ -189,15 +212,31 @@ def expected_rounds(p: np.ndarray, nucleus: np.ndarray) -> float:
     return float(rounds[len(p)])
 
 
-def _reference(probs: torch.Tensor, top_k: int, top_p: float, uniforms: torch.Tensor
-               ) -> Reference:
+def _same_uniforms(uniforms: torch.Tensor | None) -> list[tuple[int, int]]:
+    """The rows of ``uniforms`` equal to an earlier one: (the first of them, the row)."""
+    if uniforms is None:
+        return []
+    _, inverse = torch.unique(uniforms, dim=0, return_inverse=True)
+    first: dict[int, int] = {}
+    pairs = []
+    for row, group in enumerate(inverse.tolist()):
+        if group in first:
+            pairs.append((first[group], row))
+        else:
+            first[group] = row
+    return pairs
+
+
+def _reference(probs: torch.Tensor, top_k: int, top_p: float,
+               uniforms: torch.Tensor | None) -> Reference:
     distinct, counts = torch.unique_consecutive(probs, dim=0, return_counts=True)
     rows, first = [], 0
     for p, count in zip(distinct, counts.tolist(), strict=True):
         above = _mass_above(p).cpu().numpy()
         within_k = _count_above(p).cpu().numpy() < top_k
         rows.append(Row(p.cpu().numpy(), within_k, above < top_p, above < top_p + MARGIN,
-                        first, count))
+                        first, count, _same_uniforms(
+                            None if uniforms is None else uniforms[first:first + count])))
         first += count
     return Reference(rows, top_k, top_p, probs.shape[1], probs.shape[0])
 
@@ -252,7 +291,7 @@ def _outside_cause(row: Row, index: int, counts: np.ndarray, reference: Referenc
     p, nucleus, top_k, top_p = row.p, row.nucleus, reference.top_k, reference.top_p
     outside = np.flatnonzero((counts > 0) & ~row.allowed)
     worst = outside[np.argmax(counts[outside])]
-    head = (f"row {index} (rows {row.first}..{row.first + row.draws - 1}): drew token "
+    head = (f"row {index} (rows {row.first}..{row.first + row.span - 1}): drew token "
             f"{worst} (p = {p[worst]:.4g}) {int(counts[worst])} times, outside the nucleus "
             f"of {_cuts(reference)} ({int(nucleus.sum())} tokens: the most probable ones, with "
             "fewer than top_k tokens and less than top_p of mass before them)")
@@ -358,7 +397,7 @@ def _row_cause(row: Row, index: int, tokens: np.ndarray, reference: Reference) -
 def _odds_of_no_token(reference: Reference, index: int) -> float:
     """The most the odds can be that no round accepts on row ``index``: the rounds are at
     most 1 + Poisson(ln 1/N), N the nucleus's mass (kernels/sampling.py says why)."""
-    row = next(row for row in reference.rows if row.first <= index < row.first + row.draws)
+    row = next(row for row in reference.rows if row.first <= index < row.first + row.span)
     rate = torch.tensor(np.log(1 / row.p[row.nucleus].sum()), dtype=torch.float64)
     # P(Poisson(rate) >= ROUNDS) = P(Gamma(ROUNDS) <= rate).
     return max(float(torch.special.gammainc(torch.tensor(float(ROUNDS), dtype=torch.float64),
@@ -384,10 +423,26 @@ def compare(output: object, reference: Reference) -> str:
                    f"most {_odds_of_no_token(reference, bad[0]):.0e}; is the "
                    "acceptance test right?" if tokens[bad[0]] == -1 else ""))
     wrong = [cause for index, row in enumerate(reference.rows)
-             if (cause := _row_cause(row, index, tokens[row.first:row.first + row.draws],
-                                     reference))]
+             if (cause := _row_cause(row, index, row.independent(
+                 tokens[row.first:row.first + row.span]), reference))]
     # The first row whose draws name a cause (". " follows what is wrong), else the first.
-    return next((cause for cause in wrong if ". " in cause), wrong[0] if wrong else "")
+    if wrong:
+        return next((cause for cause in wrong if ". " in cause), wrong[0])
+    return _uniforms_ignored(reference, tokens)
+
+
+def _uniforms_ignored(reference: Reference, tokens: np.ndarray) -> str:
+    """"" unless draws handed the same uniforms (and the same row) gave different tokens."""
+    differ = [(row.first + a, row.first + b) for row in reference.rows
+              for a, b in row.pairs if tokens[row.first + a] != tokens[row.first + b]]
+    pairs = sum(len(row.pairs) for row in reference.rows)
+    if len(differ) < 2:
+        return ""
+    (a, b) = differ[0]
+    return (f"rows {a} and {b} hold the same probabilities and the same uniforms, and drew "
+            f"tokens {tokens[a]} and {tokens[b]}; {len(differ)} of the {pairs} such pairs "
+            "differ. The uniforms given decide each draw (round r of row i uses "
+            "uniforms[i, r]): a kernel must not draw random numbers of its own")
 
 
 # --- what the trace shows ---------------------------------------------------------------
@@ -415,10 +470,15 @@ def structure(case: Case, inputs: tuple, launches: list, output: object) -> str:
     """From the trace: the kernels drew the tokens, read the rows about as often as
     rejection sampling needs, wrote nothing beside the answer, and walked rows in chunks."""
     probs, top_k, top_p, uniforms = inputs
-    if isinstance(output, torch.Tensor) and \
-            traced.bytes_moved(launches, output, "store") < output.nbytes:
-        return ("the tokens were not written by a kernel: the answer must come out of the "
-                "kernel's own stores")
+    # A token a row, stored by the kernels: into the answer, or into a tensor the host
+    # casts to it (int32 tokens made int64). The replay holds the answer to what the
+    # kernels and those copies make of new inputs.
+    stored = sum(int(access.active.sum()) for launch in launches for access in launch.accesses
+                 if access.kind != "load")
+    if isinstance(output, torch.Tensor) and stored < output.numel():
+        return (f"the kernels stored {stored} values for {output.numel()} tokens: the tokens "
+                "were not written by a kernel. The answer must come out of the kernel's own "
+                "stores (the host may cast them)")
     reference = _reference(probs.double(), top_k, top_p, uniforms)
     row_bytes = probs.shape[1] * probs.element_size()
     reads = traced.bytes_moved(launches, probs, "load") / (probs.shape[0] * row_bytes)
