@@ -260,6 +260,61 @@ def test_a_dropped_remainder_fails_only_where_n_does_not_divide_the_size(tmp_pat
     assert "only the last element is wrong, n mod N = 3001 mod 3" in result.message()
 
 
+def test_with_fewer_elements_than_ranks_the_remainder_is_named_only_for_empty_messages(
+        tmp_path):
+    # n = 6 on 8 ranks: n // N = 0. A ring cut by tensor_split that overwrites instead of
+    # adding is wrong everywhere too, but its messages are not empty: no remainder advice.
+    overwriting = mutant(tmp_path, "collectives", ("theirs += incoming",
+                                                   "theirs.copy_(incoming)"),
+                         name="overwriting_tiny_collectives").ring_allreduce
+    message = grade(spec_with(8, notes=("fewer elements than ranks",)),
+                    overwriting).message()
+    assert "remainder" not in message and "n // N" not in message, message
+    dropping = mutant(tmp_path, "collectives", (
+        "chunks = flat.tensor_split(world)",
+        "size = flat.numel() // world\n"
+        "    chunks = [flat[i * size:(i + 1) * size] for i in range(world)]"),
+        name="dropping_tiny_collectives").ring_allreduce
+    message = grade(spec_with(8, notes=("fewer elements than ranks",)), dropping).message()
+    assert "every message was empty: chunks of n // N = 6 // 8 = 0 elements" in message
+
+
+@pytest.mark.parametrize("slip, lines, words", [
+    ("overwrite", ("theirs += incoming", "theirs.copy_(incoming)"),
+     "rank 0's send at step 1 (to rank 1) does not carry what a ring sends there, "
+     "elements 2,001 to 3,000 summed over ranks 2, 0"),
+    ("gather_off_by_one", (
+        "done, arriving = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]",
+        "done, arriving = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]"),
+     "rank 0's send at step 2 carries 1,001 elements, where a ring sends the finished "
+     "sum of elements 1,001 to 2,000 (1,000 elements)"),
+])
+def test_a_wrong_sum_names_the_first_message_that_parted_from_the_ring(tmp_path, slip,
+                                                                      lines, words):
+    wrong = mutant(tmp_path, "collectives", lines, name=f"{slip}_collectives").ring_allreduce
+    result = grade(spec_with(3), wrong)
+    assert not result.passed
+    assert "relative error" in result.message() and words in result.message(), \
+        result.message()
+
+
+def misspelt_split(x: torch.Tensor, average: bool = False) -> torch.Tensor:
+    x.view(-1).tensor_split("4")  # a TypeError on every rank, in every case
+    return x
+
+
+def test_one_error_on_every_rank_of_every_case_is_said_once():
+    result = grade(get_problem(PROBLEM), misspelt_split)
+    lines = result.message().splitlines()
+    error = "every rank raised TypeError: tensor_split() received an invalid combination"
+    assert sum(error in line for line in lines) == 2, lines  # the verdict line and its case
+    assert sum("traceback" in line for line in lines) == 1
+    first = result.cases[0].label
+    assert [line.strip() for line in lines if line.startswith("  FAIL")][1:] == [
+        f"FAIL {case.label}: the same as on {first}" for case in result.cases[1:]]
+    assert len(lines) <= len(result.cases) + 8, lines
+
+
 def test_a_ring_that_calls_dist_all_reduce_fails_though_its_sums_are_right():
     result = grade(spec_with(4, 5, notes=("", EXACT_NOTE)), library_all_reduce)
     assert not result.passed

@@ -188,10 +188,16 @@ class CheckResult:
         """The full explanation, as an AssertionError carries it."""
         lines = [self.line]
         lines += [f"  - {cause}" for cause in self.causes[1:]]
+        first_with: dict[str, str] = {}  # a failure said once, with its first case
         for case in self.cases:
+            if not case.ok and case.summary in first_with:
+                lines.append(f"  FAIL {case.label}: the same as on {first_with[case.summary]}")
+                continue
             mark = "ok  " if case.ok else "FAIL"
             lines.append(f"  {mark} {case.label}: {case.summary}")
             lines += [f"         {detail}" for detail in case.details]
+            if not case.ok:
+                first_with[case.summary] = case.label
         lines += [f"  skip {reason}" for reason in self.skipped]
         if self.performance:
             lines.append(f"  {self.performance.bottleneck}")

@@ -441,21 +441,32 @@ def content_causes(case: Case, xs: list[torch.Tensor], logs: list[RankLog],
     cuts = _cuts(judge, logs)
     if cuts is None:
         return [_first_messages_cause(judge, logs, direction)]
-    for log in logs:
-        calls = log.sends()
-        for message in _schedule(log.rank, n, direction, cuts):
-            if calls and calls[0].elements == message.hi - message.lo:
-                call = calls.pop(0)
-                if not judge.carries(call, message):
-                    return [_wrong_message(log.rank, call, message)]
-            elif message.hi > message.lo or not calls:  # only an empty one may be skipped
-                if calls:
-                    return [f"rank {log.rank}'s send at step {calls[0].step} carries "
-                            f"{calls[0].elements:,} elements, where a ring sends "
-                            f"{message.words()} ({message.hi - message.lo:,} elements)"]
-                if message.hi > message.lo:
-                    return [f"rank {log.rank} never sent {message.words()}"]
-    return []
+    # Each rank's first message that parts from the ring's; the earliest step is named,
+    # since what a rank sends later follows from what it received wrong.
+    parted = [found for log in logs
+              if (found := _first_parting(judge, log, n, direction, cuts)) is not None]
+    return [min(parted)[2]] if parted else []
+
+
+def _first_parting(judge: _Judge, log: RankLog, n: int, direction: int,
+                   cuts: dict[int, tuple[int, int]]) -> tuple[int, int, str] | None:
+    """(step, rank, words) of the first of a rank's sends that does not carry what the
+    ring sends there; None if all of them do."""
+    calls = log.sends()
+    for step, message in enumerate(_schedule(log.rank, n, direction, cuts)):
+        if calls and calls[0].elements == message.hi - message.lo:
+            call = calls.pop(0)
+            if not judge.carries(call, message):
+                return call.step, log.rank, _wrong_message(log.rank, call, message)
+        elif message.hi > message.lo or not calls:  # only an empty one may be skipped
+            if calls:
+                return calls[0].step, log.rank, (
+                    f"rank {log.rank}'s send at step {calls[0].step} carries "
+                    f"{calls[0].elements:,} elements, where a ring sends "
+                    f"{message.words()} ({message.hi - message.lo:,} elements)")
+            if message.hi > message.lo:
+                return step, log.rank, f"rank {log.rank} never sent {message.words()}"
+    return None
 
 
 def _first_messages_cause(judge: _Judge, logs: list[RankLog], direction: int) -> str:
@@ -482,19 +493,29 @@ def _first_messages_cause(judge: _Judge, logs: list[RankLog], direction: int) ->
 
 # --- the answers ---------------------------------------------------------------------------
 
-def _remainder_advice(out: torch.Tensor, want: torch.Tensor, n: int) -> str:
+def _remainder_advice(out: torch.Tensor, want: torch.Tensor, n: int,
+                      logs: list[RankLog]) -> str:
+    """The dropped remainder, where the evidence shows it: every element right but the
+    last n mod N; or, with fewer elements than ranks (n // N = 0), nothing but empty
+    messages sent."""
     size = want.numel()
     tail = size % n
     if not tail or not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        return ""
+    fix = ("Cut the tensor into N chunks that cover it all, their sizes differing by one "
+           "at most (torch.tensor_split)")
+    if size < n:
+        sends = [call for log in logs for call in log.sends()]
+        if sends and all(call.elements == 0 for call in sends):
+            return (f"every message was empty: chunks of n // N = {size} // {n} = 0 "
+                    f"elements leave the whole tensor out. {fix}")
         return ""
     wrong = ~torch.isclose(out.reshape(-1).double(), want.reshape(-1).double(),
                            rtol=1e-4, atol=1e-4)
     if bool(wrong[-tail:].any()) and not bool(wrong[:-tail].any()):
         which = "the last element is" if tail == 1 else f"the last {tail} elements are"
-        return (f"only {which} wrong, n mod N = {size} mod {n}: chunks "
-                f"of n // N = {size // n} elements leave the remainder out. Cut the tensor "
-                "into N chunks that cover it all, their sizes differing by one at most "
-                "(torch.tensor_split)")
+        return (f"only {which} wrong, n mod N = {size} mod {n}: chunks of n // N = "
+                f"{size // n} elements leave the remainder out. {fix}")
     return ""
 
 
@@ -529,8 +550,11 @@ def grade(case: Case, inputs: list[tuple], outputs: list[object],
         seen = compare(out, want, dtype=case.dtype, device=torch.device("cpu"),
                        tolerance=tolerance, name=name)
         if not seen.ok:
-            return CaseResult(case, seen, advice=_average_advice(out, want, n) if average
-                              else _remainder_advice(out, want, n))
+            advice = _average_advice(out, want, n) if average else \
+                _remainder_advice(out, want, n, logs)
+            # Where the answer went wrong: the first message that parted from the ring's.
+            return CaseResult(case, seen, advice=advice or "; ".join(
+                content_causes(case, xs, logs, average)))
         first = first or seen
     assert first is not None
     for rank, out in enumerate(outputs[1:], start=1):

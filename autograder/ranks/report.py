@@ -400,10 +400,10 @@ def failure(case: CaseRun, files: Files) -> tuple[str, list[str]]:
     details = []
     if raised:
         first = raised[0]
-        same = [run.rank for run in raised if _exception(run.log.raised)
-                == _exception(first.log.raised)]
-        who = f"rank {first.rank}" if len(same) == 1 else \
-            "ranks " + ", ".join(str(rank) for rank in same)
+        same = sorted(run.rank for run in raised if _exception(run.log.raised)
+                      == _exception(first.log.raised))
+        who = f"rank {first.rank}" if len(same) == 1 else "every rank" if \
+            len(same) == len(case.ranks) else "ranks " + ", ".join(map(str, same))
         frames = _learner_frames(first.log.raised["frames"])
         error = f"{who} raised {_exception(first.log.raised)}" + \
             (_at(files, frames[-1]) if frames else "")
@@ -425,7 +425,8 @@ def failure(case: CaseRun, files: Files) -> tuple[str, list[str]]:
     else:
         error = "a rank failed"
     shown = raised[0] if raised else died[0] if died else None
-    others = [run for run in case.ranks if run is not shown]
+    said = set(same) if raised else set()  # ranks the error names: said once
+    others = [run for run in case.ranks if run is not shown and run.rank not in said]
     details += [_other(run, died, lost, files) for run in others]
     if failed or case.ended == "join limit":  # the grader's trouble: what torch said
         details += [f"rank {run.rank}'s stderr: {line}" for run in case.ranks
