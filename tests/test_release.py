@@ -195,3 +195,49 @@ def test_a_release_ships_no_answer_every_problem_fails_what_its_kernels_hold(
              for other, verdict in row["others"].items()}
     assert ("softmax/fused", "softmax_naive") in tried and len(tried) >= 10, tried  # it looked
     assert [pair for pair, verdict in tried.items() if verdict == "PASS"] == [], tried
+
+
+CALLS_THE_COURSE = """
+import torch
+from rooflab.autograder import check
+from rooflab.kernels import collectives, softmax
+
+def mine(x):  # a learner's answer that hands the work to the course's kernel
+    return softmax.softmax_fused(x)
+
+def my_ring(x, average=False):
+    return collectives.ring_allreduce(x, average)
+
+def my_stub(x):
+    raise NotImplementedError()
+
+for problem, fn in (("softmax/fused", mine), ("collectives/ring_allreduce", my_ring),
+                    ("softmax/fused", my_stub)):
+    result = check(problem, fn, show=False, raise_on_failure=False, measure=False)
+    print(result.verdict, "|", result.line)
+"""
+
+
+def test_code_that_calls_the_course_s_stubs_is_told_so_not_that_it_is_unwritten(
+        released, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    package = tmp_path / "path" / "rooflab"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for part in ("autograder", "kernels"):
+        (package / part).symlink_to(released / part, target_is_directory=True)
+    script = tmp_path / "learner.py"  # a real file: its own stub is the learner's
+    script.write_text(CALLS_THE_COURSE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path / "path")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    fused, ring, stub = done.stdout.splitlines()[-3:]
+    for line, name in ((fused, "rooflab.kernels.softmax.softmax_fused"),
+                       (ring, "rooflab.kernels.collectives.ring_allreduce")):
+        assert line.startswith("FAIL |"), line
+        assert f"your code called {name}" in line and "ships as a stub" in line, line
+    assert stub.startswith("NOT IMPLEMENTED |") and "not implemented yet" in stub, stub

@@ -22,7 +22,7 @@ import torch
 
 from .. import device as device_layer
 from .. import problems
-from ..course.build import STUB_RAISE, is_stub_raise
+from ..course.build import STUB_RAISE, course_stub, course_stub_called, is_stub_raise
 from ..device import cuda, roofline, versions
 from ..device.timing import time_gpu
 from ..evidence import grader_calls, guard, poison, replay
@@ -93,6 +93,20 @@ def _learner_frame(error: BaseException) -> str:
     for frame in reversed(frames):
         if _is_learners(frame.filename):
             return f" (at {Path(frame.filename).name}:{frame.lineno}, `{frame.line}`)"
+    return ""
+
+
+def _course_stub(error: BaseException) -> str:
+    """The name of the course's stub the candidate called (``course.build.course_stub``),
+    when that is where its NotImplementedError came from; "" otherwise."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, NotImplementedError) and not _text(seen):
+            frames = traceback.extract_tb(seen.__traceback__)
+            if frames:
+                last = frames[-1]
+                return course_stub(last.filename, last.name, last.line or "")
+        seen = seen.__cause__ or seen.__context__
     return ""
 
 
@@ -339,6 +353,10 @@ def check(
                 f"check(..., time_limit=seconds) or ${TIME_LIMIT_ENV})")))
             break
         except (Exception, SystemExit) as error:  # the candidate's bug: this case's failure
+            called = _course_stub(error)
+            if called:  # every case would reach it again
+                result.cases.append(CaseResult(case, error=course_stub_called(called)))
+                break
             if _is_stub(error):
                 result.not_implemented = True
                 break

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..course.build import course_stub_called
 from ..evidence.compare import CaseResult
 from ..problem import Case
 from ..ranks import launch, record, report, transport
@@ -64,6 +65,11 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
             break  # every later case would most likely hang too
         if run.ended != "returned":
             raised = [rank for rank in run.ranks if rank.log.raised is not None]
+            called = next((name for rank in raised
+                           if (name := report.course_stub_reached(rank, files))), "")
+            if called:  # every case would reach it again
+                result.cases.append(CaseResult(case, error=course_stub_called(called)))
+                break
             if raised and all(report.is_stub(rank, files) for rank in raised):
                 result.not_implemented = True
                 break

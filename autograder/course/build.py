@@ -230,6 +230,30 @@ def is_stub_raise(line: str) -> bool:
     return line.strip() in (STUB_RAISE, STUB_RAISE[:-2])
 
 
+# The course's own kernels. In a copy without answers (``rooflab release``) they are stubs:
+# a stub's raise from one of them is the course's, reached by code that called it instead
+# of writing the exercise, not the learner's own stub.
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+
+
+def course_stub(filename: str, function: str, line: str) -> str:
+    """``rooflab.kernels.<module>.<function>`` when this frame is a stub's raise in the
+    course's kernels; "" otherwise."""
+    try:
+        inside = Path(filename).resolve().relative_to(KERNELS)
+    except (OSError, ValueError):
+        return ""
+    if not is_stub_raise(line):
+        return ""
+    return ".".join(("rooflab.kernels", *inside.with_suffix("").parts, function))
+
+
+def course_stub_called(name: str) -> str:
+    """The words for a check whose candidate reached one of the course's stubs."""
+    return (f"your code called {name}, which this copy of the course ships as a stub "
+            "(its kernels come without their answers): write the exercise's code yourself")
+
+
 def stub(source: str) -> str:
     """The learner's version: each solution region becomes a stub at its indentation."""
     out, inside = [], False

@@ -19,7 +19,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from ..course.build import is_stub_raise
+from ..course.build import course_stub, is_stub_raise
 from .launch import CaseRun, RankRun
 from .record import NOT_LEARNER, Call, RankLog
 from .transport import installed, real_file
@@ -336,6 +336,18 @@ def traceback_lines(run: RankRun, files: Files) -> list[str]:
         text = linecache.getline(filename, frame[1]).strip()
         lines.append(f"  {where}, line {frame[1]}, in {frame[2]}" + (f": {text}" if text else ""))
     return lines + [f"  {_exception(raised)}"]
+
+
+def course_stub_reached(run: RankRun, files: Files) -> str:
+    """The name of the course's stub this rank's code called and that raised
+    (``course.build.course_stub``); "" otherwise."""
+    raised = run.log.raised
+    if raised is None or raised["type"] != "NotImplementedError" or raised["message"] or \
+            not raised["frames"]:
+        return ""
+    filename, number, function = raised["frames"][-1][:3]
+    path = real_file(files, filename, number, function)
+    return course_stub(path, function, linecache.getline(path, number))
 
 
 def is_stub(run: RankRun, files: Files) -> bool:
