@@ -177,3 +177,13 @@ def test_the_grader_fails_a_tampered_or_missing_hidden_answer(grading, tmp_path)
     answers.save(kept, tmp_path / "public_only.pt")
     assert recheck(problem, tmp_path / "public_only.pt", SEED) == \
         f"no answer for {hidden_cases(problem, SEED, ON_GPU)[0].label} reached the grader"
+
+
+def test_only_a_hidden_case_s_label_says_hidden():
+    # "wrong on hidden=4096 ..." read as a case kept from the learner (tp/plan's size h).
+    visible = [case.label for spec in registered().values() for world in (False, True)
+               for case in spec.cases(world)]
+    assert len(visible) > 100
+    assert [label for label in visible if "hidden" in label] == []
+    drawn = hidden_cases(get_problem("softmax/fused"), SEED, on_gpu=False)
+    assert drawn and all(case.label.startswith("hidden case ") for case in drawn)

@@ -542,7 +542,7 @@ STATE_BYTES, ACTIVATION_BYTES = 16, 34
 
 def _plan_case(hidden: int, layers: int, seq_len: int, batch: int, gpus: int, tp: int,
                sharded: bool, note: str = "") -> Case:
-    return Case({"hidden": hidden, "layers": layers, "seq_len": seq_len, "batch": batch,
+    return Case({"h": hidden, "layers": layers, "seq_len": seq_len, "batch": batch,
                  "gpus": gpus, "tp": tp, "sharded": int(sharded)}, torch.float64, note=note)
 
 
@@ -562,8 +562,8 @@ PLAN_CASES = [
 
 def _plan_inputs(case: Case, generator: torch.Generator, device: torch.device) -> tuple:
     sizes = case.sizes
-    if "hidden" in sizes:
-        return (sizes["hidden"], sizes["layers"], sizes["seq_len"], sizes["batch"],
+    if "h" in sizes:
+        return (sizes["h"], sizes["layers"], sizes["seq_len"], sizes["batch"],
                 sizes["gpus"], sizes["tp"], bool(sizes["sharded"]))
 
     def draw(low: int, high: int) -> int:
