@@ -19,6 +19,8 @@ LABS = sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
 RECORDED = ROOT / "book" / "recorded"
 # The concept pages, in the order of the table of contents (book/myst.yml).
 CONCEPTS = re.findall(r"file: concepts/([\w-]+)\.md", (ROOT / "book" / "myst.yml").read_text())
+# The guides (the manual the README links to), in the same order.
+GUIDES = re.findall(r"file: guides/([\w-]+)\.md", (ROOT / "book" / "myst.yml").read_text())
 JUPYTERLAB = "http://localhost:8888/lab/tree/"
 
 needs_book = pytest.mark.skipif(not (SITE / "index.html").exists(),
@@ -88,20 +90,22 @@ def test_the_solutions_are_not_published():
         assert not leaked, f"solution lines of {lab.name} in the site: {leaked[:5]}"
 
 
-def _concept_title(name: str) -> str:
-    front = (ROOT / "book" / "concepts" / f"{name}.md").read_text()
-    return re.search(r"^title: (.+)$", front, re.M).group(1).strip()
+def _concept_title(name: str, folder: str = "concepts") -> str:
+    front = (ROOT / "book" / folder / f"{name}.md").read_text()
+    return re.search(r"^title: (.+)$", front, re.M).group(1).strip().strip('"')
 
 
 @pytest.mark.browser
-def test_every_page_answers_and_the_contents_list_labs_and_concepts(site, page):
+def test_every_page_answers_and_the_contents_list_labs_concepts_and_guides(site, page):
     failed = _failed_requests(page)
     page.goto(site + "/")
     links = page.locator("nav.toc a")
     assert links.all_text_contents() == (["Start here"] + [_title(lab) for lab in LABS]
-                                         + [_concept_title(name) for name in CONCEPTS])
+                                         + [_concept_title(name) for name in CONCEPTS]
+                                         + [_concept_title(name, "guides") for name in GUIDES])
     hrefs = [link.get_attribute("href") for link in links.all()]
-    assert hrefs[-len(CONCEPTS):] == [f"/concepts/{name}" for name in CONCEPTS]
+    assert hrefs[len(LABS) + 1:] == ([f"/concepts/{name}" for name in CONCEPTS]
+                                     + [f"/guides/{name}" for name in GUIDES])
     for href, title in zip(hrefs, links.all_text_contents(), strict=True):
         page.goto(site + href)
         if href != "/":
