@@ -21,7 +21,10 @@ and the parent, which never runs candidate code:
 
 What cannot be seen from outside stays the child's report: which ops and kernels ran,
 the traced traffic, the measured time. A candidate that rewrites the grader's own code in
-its process could forge those; the answers it cannot.
+its process could forge those; the answers it cannot. So the verdict line is the
+parent's (``child_report``): a PASS is worded here from what the parent checked, its
+figures formatted from numbers, and the child's report follows it, labelled as the
+child's word.
 """
 
 from __future__ import annotations
@@ -33,17 +36,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import problems
-from ..confine import Sandbox, package_folder, why_unavailable
+from ..confine import Sandbox, ScratchWatch, over_words, package_folder, why_unavailable
 from ..evidence import grader_calls
 from ..problem import Problem, graded_cases
 from ..ranks.problem import RanksProblem
-from . import answers, handin
+from . import answers, child_report, handin
 from . import time_limit as limits
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NEEDS_GPU = 0, 1, 2, 3
@@ -94,19 +98,28 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
             command += ["--time-limit", str(time_limit)]
         if not unconfined:
             command = sandbox.command(command, cwd=cwd)
-        # Its own session: a time limit ends the child and anything it started.
+        # Its own session: a time limit ends the child and anything it started. What it
+        # prints comes through here, capped.
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 cwd=cwd)
+                                 cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        printed = _Relay(child.stdout)
         cases = len(graded_cases(spec, _on_gpu(), seed, graded))
         overall = limit * (cases + 1) + OVERHEAD_S if limit > 0 else None
-        try:
-            status = child.wait(timeout=overall)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: ran past the time limit of "
-                                      f"{overall:g} s for the whole check and was stopped: a "
-                                      f"kernel or a wait that never ends? (inputs seed {seed})")
+        with ScratchWatch(into, lambda used: os.killpg(child.pid, signal.SIGKILL),
+                          left_out=GRADERS_FILES) as scratch_watch:
+            try:
+                status = child.wait(timeout=overall)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                printed.finish()
+                return Verdict(EXIT_FAIL, f"FAIL {problem_id}: ran past the time limit of "
+                                          f"{overall:g} s for the whole check and was stopped: "
+                                          f"a kernel or a wait that never ends? (inputs seed "
+                                          f"{seed})")
+        printed.finish()
+        if scratch_watch.over:
+            return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {over_words(scratch_watch.over)}")
         report = _read(into / "report.json")
         if report is None and not (into / STARTED).exists():
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: not checked: the check's process "
@@ -118,11 +131,15 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
                 status = 128 - status
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {_ended_without_verdict(status)}")
         if "usage" in report:
-            return Verdict(EXIT_USAGE, report["usage"])
-        if report["verdict"] != "PASS":  # a failure needs its explanation
-            text = report["line"] if report["verdict"] == "NEEDS A GPU" and not verbose \
+            return Verdict(EXIT_USAGE, f"rooflab check: {str(report['usage'])[:500]}")
+        # Every line this prints first is the parent's own: the report is the child's word.
+        verdict = child_report.verdict_of(report)
+        if verdict != "PASS":  # a failure needs its explanation
+            shown = report["line"] if verdict == "NEEDS A GPU" and not verbose \
                 else report["message"]
-            return Verdict(EXIT_CODES.get(report["verdict"], EXIT_FAIL), text)
+            line = child_report.fail_line(problem_id, verdict, shown)
+            rest = str(shown).strip().splitlines()[1:]
+            return Verdict(EXIT_CODES[verdict], "\n".join([line, *rest[:200]]))
         borrowed = grader_calls.cause(report.get("grader_calls"))
         if borrowed:  # in its own report, whatever verdict came with it
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {borrowed} (inputs seed {seed})")
@@ -130,7 +147,67 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
         if wrong:
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {wrong} (checked again outside "
                                       f"the candidate's process; inputs seed {seed})")
-        return Verdict(EXIT_PASS, report["message"] if verbose else report["line"])
+        line = child_report.pass_line(problem_id, judged_cases(spec, seed, graded),
+                                      report.get("performance"), setting(spec))
+        quoted = child_report.quoted(report["message"]) if verbose else ""
+        return Verdict(EXIT_PASS, f"{line}\n{quoted}" if quoted else line)
+
+
+GRADERS_FILES = ("report.json", "report.json.partial", "outputs.pt", STARTED)
+PRINTED_CAP = 1 * 2**20  # bytes of the child's output passed on; the rest is counted
+
+
+class _Relay:
+    """Passes what the child prints on to this process's stdout, up to ``PRINTED_CAP``
+    bytes, in a thread; past the cap it reads on (so the child never blocks on a full
+    pipe) and counts what it drops, and ``finish`` says how much."""
+
+    def __init__(self, pipe):
+        self.pipe, self.passed, self.dropped = pipe, 0, 0
+        self.thread = threading.Thread(target=self._relay, daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+        for chunk in iter(lambda: self.pipe.read1(65536), b""):
+            keep = chunk[:max(PRINTED_CAP - self.passed, 0)]
+            self.passed += len(keep)
+            self.dropped += len(chunk) - len(keep)
+            if keep:
+                if out is not None:
+                    out.write(keep)
+                    out.flush()
+                else:  # a captured stdout (pytest's, a notebook's) takes text
+                    sys.stdout.write(keep.decode(errors="replace"))
+
+    def finish(self) -> None:
+        """Once the child has ended: wait for the pipe to drain (what the child started
+        ended with it), then say what was cut."""
+        self.thread.join(timeout=10)
+        self.pipe.close()
+        if self.dropped:
+            print(f"[rooflab check: {self.dropped / 2**20:.1f} MB more of the candidate's "
+                  f"output was cut: {PRINTED_CAP / 2**20:g} MB is passed on]", flush=True)
+
+
+def judged_cases(spec: Problem, seed: int, graded: bool) -> int:
+    """How many cases ``recheck`` judges here: the graded cases this device runs."""
+    from ..device import interpreter_enabled
+    from .engine import INTERPRETER_SKIPS
+
+    cases = graded_cases(spec, _on_gpu(), seed, graded)
+    return sum(not (interpreter_enabled() and case.dtype in INTERPRETER_SKIPS)
+               for case in cases)
+
+
+def setting(spec: Problem) -> str:
+    """Where the grader's process says the check ran, as a result's card does."""
+    from ..device import current
+
+    info = current()
+    if getattr(spec, "kernel", None) is None:
+        return f"{'GPU' if info.is_gpu else 'CPU'}: plain Python, checked for correctness"
+    return info.mode
 
 
 def _limit_of(spec: Problem, given: float | None) -> float:
@@ -263,7 +340,7 @@ def _child(argv: list[str]) -> int:
     try:
         function = load_function(args.function)
     except UsageError as error:
-        return _write(args.into, {"usage": f"rooflab check: {error}"})
+        return _write(args.into, {"usage": str(error)})
     except CandidateError as error:
         line = f"FAIL {args.problem}: {error}"
         return _write(args.into, {"verdict": "FAIL", "line": line, "message": line})
@@ -276,7 +353,8 @@ def _child(argv: list[str]) -> int:
     answers.save(result.outputs, args.into / "outputs.pt")
     return _write(args.into, {"verdict": result.verdict, "line": result.line,
                               "message": result.message(),
-                              "grader_calls": result.grader_calls})
+                              "grader_calls": result.grader_calls,
+                              "performance": handin.performance(result)})
 
 
 def _write(into: Path, report: dict) -> int:

@@ -6,7 +6,10 @@ and can print "PASS", patch the comparison, or skip the check. So an exercise pa
 when its check cell left one record (``checking/handin.py``) that says so, the timers and
 the grader were not replaced before it, and every answer in that record is right when
 checked again here against this process's own reference (isolated.recheck), and it
-names none of the grader's own functions called by a plain-Python candidate.
+names none of the grader's own functions called by a plain-Python candidate. The verdict
+line is then this process's own (``checking/child_report.py``); what the check saw in the
+notebook's process (which ops ran, the traffic, the time) follows it as that process's
+word.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import problems
-from ..checking.isolated import recheck
+from ..checking import child_report
+from ..checking.isolated import judged_cases, recheck, setting
 from ..evidence import grader_calls
 from .cells import Exercise
 
@@ -112,7 +116,7 @@ def _why_no_record(cell: dict, run: dict) -> str:
 
 
 def _judge(exercise: Exercise, rec: dict, outputs: Path, seconds: float, seed: int) -> Grade:
-    verdict, message = str(rec.get("verdict", "FAIL")), str(rec.get("message", ""))
+    verdict, message = child_report.verdict_of(rec), str(rec.get("message", ""))
     performance = rec.get("performance") or {}
     if rec.get("replaced"):
         names = ", ".join(rec["replaced"][:6])
@@ -125,14 +129,23 @@ def _judge(exercise: Exercise, rec: dict, outputs: Path, seconds: float, seed: i
     if verdict == "PASS" and rec.get("seed") != seed:
         return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
                      "the check ran on inputs other than the grader's", seconds)
-    if verdict == "PASS":
-        try:
-            spec = problems.get(exercise.problem_id)
-        except KeyError:
-            return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
-                         f"unknown problem {exercise.problem_id}", seconds)
-        wrong = recheck(spec, outputs, seed)
-        if wrong:
-            return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
-                         f"{wrong} (checked again outside the notebook's process)", seconds)
-    return Grade(exercise.problem_id, exercise.cell_id, verdict, message, seconds, performance)
+    if verdict != "PASS":  # the cause is the record's word: a learner only hurts itself
+        return Grade(exercise.problem_id, exercise.cell_id, verdict,
+                     "\n".join([child_report.fail_line(exercise.problem_id, verdict, message),
+                                *message.strip().splitlines()[1:200]]), seconds, performance)
+    try:
+        spec = problems.get(exercise.problem_id)
+    except KeyError:
+        return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
+                     f"unknown problem {exercise.problem_id}", seconds)
+    wrong = recheck(spec, outputs, seed)
+    if wrong:
+        return Grade(exercise.problem_id, exercise.cell_id, "FAIL",
+                     f"{wrong} (checked again outside the notebook's process)", seconds)
+    # The verdict line is this process's own; what the notebook's check saw follows it,
+    # labelled as the notebook's word.
+    line = child_report.pass_line(exercise.problem_id, judged_cases(spec, seed, True),
+                                  performance, setting(spec))
+    quoted = child_report.quoted(message)
+    return Grade(exercise.problem_id, exercise.cell_id, "PASS",
+                 f"{line}\n{quoted}" if quoted else line, seconds, performance)
