@@ -13,7 +13,10 @@ ended with everything it started. It runs no learner code itself. Here:
   process it starts ends with it. Its channels to this process are Unix sockets in that
   folder;
 * the kernel inherits a cap on its address space (``--memory``): a huge allocation fails
-  as a MemoryError in its cell;
+  as a MemoryError in its cell; its folder is capped (``confine/quota.py``: past the cap
+  the kernel is ended, as by a cell that ended it); the outputs kept are capped too, per
+  cell and in all (``with_capped_outputs``): what is past a cap is dropped as it
+  arrives, and the cell says how much;
 * a cell that ends the kernel (``os._exit``, a segfault, ``sys.exit`` in a thread, the
   memory cap hit in native code) is noted, and the notebook runs again from the top in a
   new kernel with that cell replaced by an error, so the exercises after it are graded;
@@ -34,13 +37,14 @@ import os
 import re
 import resource
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..checking import handin
-from ..confine import Sandbox
+from ..confine import Sandbox, ScratchWatch, over_words
 
 RESTARTS = 3  # cells that may end the kernel before the rest of the notebook is given up
 CRASHED = "CellEndedTheKernel"
@@ -81,6 +85,56 @@ def without_output_widgets(client):
     return client
 
 
+# What a notebook's outputs may hold, kept by this process (and so in its memory, and in
+# the learner's feedback notebook): a cell's output past its cap, or past the notebook's,
+# is dropped as it arrives, and the cell says how much was cut.
+OUTPUT_PER_CELL = 2 * 2**20
+OUTPUT_PER_NOTEBOOK = 16 * 2**20
+
+
+def with_capped_outputs(client, per_cell: int = OUTPUT_PER_CELL,
+                        per_notebook: int = OUTPUT_PER_NOTEBOOK):
+    """``client`` (an nbclient NotebookClient), keeping at most ``per_cell`` bytes of each
+    cell's outputs and ``per_notebook`` in all; an error is always kept, its text cut to
+    fit. ``client.cut`` maps a cell's index to the bytes dropped from it."""
+    keep_output = client.output
+    client.cut, kept = {}, {"notebook": 0}
+
+    def output(outs, msg, display_id, cell_index):
+        size = len(json.dumps(msg.get("content", {}), default=str))
+        if msg.get("msg_type") == "error":  # the cell's failure: kept, its text bounded
+            content = msg["content"]
+            content["evalue"] = str(content.get("evalue", ""))[:4000]
+            content["traceback"] = [str(line)[:4000] for line in
+                                    content.get("traceback", [])[-40:]]
+            return keep_output(outs, msg, display_id, cell_index)
+        in_cell = kept.get(cell_index, 0)
+        room = min(per_cell - in_cell, per_notebook - kept["notebook"])
+        text = msg.get("content", {}).get("text")
+        if size > room and msg.get("msg_type") == "stream" and isinstance(text, str) \
+                and room > 0:  # a stream is kept up to the cap: its head says most
+            msg["content"]["text"] = text[:room]
+            client.cut[cell_index] = client.cut.get(cell_index, 0) + size - room
+            size = room
+        elif size > room:
+            client.cut[cell_index] = client.cut.get(cell_index, 0) + size
+            return None
+        kept[cell_index] = in_cell + size
+        kept["notebook"] += size
+        return keep_output(outs, msg, display_id, cell_index)
+
+    client.output = output
+    return client
+
+
+def cut_note(cut_bytes: int, per_cell: int = OUTPUT_PER_CELL,
+             per_notebook: int = OUTPUT_PER_NOTEBOOK) -> str:
+    """What a cell's output says when some of it was dropped."""
+    return (f"[rooflab grade: {cut_bytes / 2**20:.1f} MB of this cell's output was cut: a "
+            f"graded notebook keeps {per_cell / 2**20:g} MB of output per cell and "
+            f"{per_notebook / 2**20:g} MB in all]\n")
+
+
 def _error_output(name: str, value: str) -> dict:
     return {"output_type": "error", "ename": name, "evalue": value, "traceback": []}
 
@@ -105,14 +159,16 @@ def run(notebook: dict, into: Path, cell_timeout: float,
             folder.mkdir(parents=True)
         sandbox = confine(box) if confine is not None else None
         nb = nbformat.from_dict(json.loads(json.dumps(notebook)))
-        client = without_output_widgets(NotebookClient(
+        client = with_capped_outputs(without_output_widgets(NotebookClient(
             nb, km=_kernel_manager(box, sandbox), timeout=cell_timeout,
             interrupt_on_timeout=True, allow_errors=True,
-            resources={"metadata": {"path": str(box / "work")}}))
+            resources={"metadata": {"path": str(box / "work")}})),
+            OUTPUT_PER_CELL, OUTPUT_PER_NOTEBOOK)
         cells: list[dict] = []
         current = -1
+        watch = ScratchWatch(box, functools.partial(_end_kernel, client))
         try:
-            with client.setup_kernel(env=_kernel_env(records)):
+            with watch, client.setup_kernel(env=_kernel_env(records)):
                 (into / "kernel.pid").write_text(str(client.km.provisioner.pid))
                 for index, cell in enumerate(nb.cells):
                     if cell.cell_type != "code":
@@ -128,14 +184,24 @@ def run(notebook: dict, into: Path, cell_timeout: float,
                         finally:
                             take_records(records, taken / str(cell.get("id", index)))
                     seconds = time.monotonic() - start
+                    cut = client.cut.get(index, 0)
+                    if cut:
+                        cell.outputs.append(nbformat.from_dict({
+                            "output_type": "stream", "name": "stderr",
+                            "text": cut_note(cut, OUTPUT_PER_CELL, OUTPUT_PER_NOTEBOOK)}))
                     errors = [o for o in cell.outputs if o.get("output_type") == "error"]
                     error = f"{errors[0]['ename']}: {errors[0]['evalue']}" if errors else ""
                     if error.startswith("KeyboardInterrupt") and seconds >= cell_timeout:
                         error = (f"it ran past the cell time limit of {cell_timeout:g} s and "
                                  "was interrupted")
                     cells.append({"index": index, "id": cell.get("id", ""),
-                                  "seconds": round(seconds, 3), "error": error})
+                                  "seconds": round(seconds, 3), "error": error,
+                                  "output_cut": cut})
         except DeadKernelError:
+            if watch.over:  # it was ended here, for what it wrote
+                crashed[current] = (f"this cell {over_words(watch.over)}; the rest of the "
+                                    "notebook ran again in a new kernel without it")
+                continue
             crashed[current] = ("this cell ended the kernel (os._exit, sys.exit in a thread, "
                                 "a crash in native code, or the memory cap): the rest of the "
                                 "notebook ran again in a new kernel without it")
@@ -144,6 +210,15 @@ def run(notebook: dict, into: Path, cell_timeout: float,
         return {"cells": cells, "crashed": sorted(crashed)}
     return {"cells": [], "crashed": sorted(crashed), "gave_up": f"more than {RESTARTS} cells "
             "ended the kernel: the notebook was not run to the end"}
+
+
+def _end_kernel(client, used: int) -> None:
+    """End the kernel now, with everything in its sandbox (bubblewrap is its first process:
+    its pid namespace goes with it)."""
+    try:
+        os.kill(client.km.provisioner.pid, signal.SIGKILL)
+    except (AttributeError, OSError, TypeError):
+        pass  # not started yet, or already gone
 
 
 TAKEN = "taken"  # into/taken/<cell id>/: the records each cell left, out of the kernel's reach

@@ -48,7 +48,7 @@ from ..course.points import of_lab
 from . import gradebook, scoring, shards
 from .cells import CHECK_TAG, MARKER_LINE, exercises, one_cell_each, restore, started
 from .confinement import Confinement, prepare
-from .execute import TAKEN, WORKER
+from .execute import OUTPUT_PER_CELL, OUTPUT_PER_NOTEBOOK, TAKEN, WORKER
 from .feedback import keep_notebook
 from .scoring import Policy, iso
 from .verdicts import Grade, grade_exercises
@@ -304,6 +304,13 @@ def grade_one(task: Task, limits: Limits, seed: int, confinement: Confinement,
         run = _execute(into, limits, seed, confinement)
         if run.get("killed"):
             result["problems"].append(run["killed"])
+        for cell in run.get("cells", []):
+            if cell.get("output_cut"):
+                result["problems"].append(
+                    f"cell {cell['id'] or cell['index']}: {cell['output_cut'] / 2**20:.1f} MB "
+                    "of its output was cut (a graded notebook keeps "
+                    f"{OUTPUT_PER_CELL / 2**20:g} MB per cell, "
+                    f"{OUTPUT_PER_NOTEBOOK / 2**20:g} MB in all)")
         for index in run.get("crashed", []):
             result["problems"].append(f"cell {index} ended the kernel; the notebook ran "
                                       "again without it")
