@@ -367,7 +367,25 @@ def test_a_function_that_cannot_go_to_the_ranks_says_why():
 
     result = grade(spec_with(2), holds_a_lock)
     assert not result.passed
-    assert "cannot be sent to the rank processes" in result.causes[0]
+    assert "cannot be sent to the rank processes: it uses `lock` (a _thread.lock), which " \
+        "cannot be copied to another process" in result.causes[0], result.causes[0]
+
+
+def test_a_function_that_names_torch_s_operators_travels_to_the_ranks():
+    """torch.ops' namespaces and operators hold C++ handles no pickle copies: they travel
+    by name. Before, naming one failed as "cannot pickle '_Ops' object"."""
+    from rooflab.autograder.ranks import transport
+
+    ops, c10d, add = torch.ops, torch.ops.c10d, torch.ops.aten.add
+
+    def names_operators(x):
+        assert ops.aten is torch.ops.aten and c10d.allreduce_ is torch.ops.c10d.allreduce_
+        return ring_allreduce(add.Tensor(x, torch.zeros_like(x)))
+
+    for op in (ops, c10d, c10d.allreduce_, c10d.allreduce_.default, add.Tensor):
+        assert transport.unpack(transport.pack(op)) is op
+    result = grade(spec_with(2), names_operators)
+    assert result.passed, result.message()
 
 
 # --- hangs and crashes -------------------------------------------------------------------

@@ -64,15 +64,85 @@ def pack(function: Callable, harness: Callable | None = None) -> bytes:
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(sent)
+        return _dumps(sent)
     except Exception as error:  # noqa: BLE001 (whatever fails, the learner needs words)
+        culprit = _first_unsendable(function)
+        what = f"it uses {culprit}, which" if culprit else "something it uses"
         raise CannotSend(
-            f"{_name(function)} cannot be sent to the rank processes: {type(error).__name__}: "
-            f"{error}. It may use only what can be copied to another process: no open file, "
-            "lock, thread or process group of this one") from None
+            f"{_name(function)} cannot be sent to the rank processes: {what} cannot be "
+            f"copied to another process ({type(error).__name__}: {error}). It may use only "
+            "what can be: no open file, lock, thread or process group of this one; make "
+            "such a thing on each rank, inside the function") from None
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def _dumps(item: object) -> bytes:
+    """cloudpickle's bytes for ``item``, the operators of ``torch.ops`` sent by name (they
+    hold C++ handles, which no pickle copies; each process has its own by that name)."""
+    import io
+
+    import cloudpickle
+
+    class Pickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            name = _torch_op_name(obj)
+            if name is not None:
+                return torch_op, (name,)
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(item)
+    return buffer.getvalue()
+
+
+def _torch_op_name(obj: object) -> str | None:
+    """``obj``'s dotted path under ``torch.ops`` ("c10d.allreduce_.default"; "" for
+    ``torch.ops`` itself), or None if it is not one of its namespaces or operators."""
+    torch = sys.modules.get("torch")
+    ops = getattr(torch, "_ops", None)
+    if ops is None:
+        return None
+    if isinstance(obj, ops._Ops):
+        return ""
+    if isinstance(obj, ops._OpNamespace):
+        return obj.name
+    if isinstance(obj, ops.OpOverloadPacket):
+        return obj._qualified_op_name.replace("::", ".")
+    if isinstance(obj, ops.OpOverload):
+        packet = obj.overloadpacket._qualified_op_name.replace("::", ".")
+        return f"{packet}.{obj._overloadname}"
+    return None
+
+
+def torch_op(name: str) -> object:
+    """The namespace or operator of ``torch.ops`` at ``name``, in this process."""
+    import torch
+
+    found: object = torch.ops
+    for part in filter(None, name.split(".")):
+        found = getattr(found, part)
+    return found
+
+
+def _first_unsendable(function: Callable) -> str:
+    """The first global or closure variable of ``function`` that cannot be pickled, in
+    words ("`lock` (a _thread.lock)"), or "" if each can be on its own."""
+    code = getattr(function, "__code__", None)
+    names = getattr(function, "__globals__", {})
+    used = [(name, names[name]) for name in (code.co_names if code else ()) if name in names]
+    cells = zip(code.co_freevars if code else (), getattr(function, "__closure__", None) or (),
+                strict=False)
+    used += [(name, cell.cell_contents) for name, cell in cells if _filled(cell)]
+    for name, value in used:
+        if isinstance(value, ModuleType):
+            continue  # sent by reference, or with the function's own module
+        try:
+            _dumps(value)
+        except Exception:  # noqa: BLE001
+            return f"`{name}` (a {type(value).__module__}.{type(value).__qualname__})"
+    return ""
 
 
 def unpack(payload: bytes) -> Callable:
