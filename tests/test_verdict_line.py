@@ -94,7 +94,7 @@ def test_a_hand_in_record_s_text_never_words_the_gradebook_s_verdict_line(
     assert first.startswith(f"{forged_verdict} coalescing/vector_add: "), first
     if forged_verdict == "PASS":
         assert "FORGED" not in first and "checked again outside" in first, first
-        assert "predicted 50% of roofline, nothing measured" in first
+        assert "predicted: 50% in all, nothing measured" in first
         assert rest[0] == child_report.REPORT_HEAD and FORGED in rest[1]
         assert all(line.startswith("    ") for line in rest[1:])
 
@@ -107,3 +107,10 @@ def test_the_figures_in_a_verdict_line_are_numbers_the_grader_formats():
                 {"measured": True, "seconds": float("nan"), "roofline_fraction": 1.0},
                 {"predicted_roofline_fraction": True}, "PASS", None):
         assert child_report.figures_words(odd) == ""
+    assert child_report.figures_words({
+        "predicted_roofline_fraction": 0.004, "predicted_traffic_fraction": 0.99,
+        "predicted_for": "H100 SXM, datasheet (not measured)"}) == \
+        "predicted for H100 SXM, datasheet (not measured): 99% of roofline in its " \
+        "traffic, 0% in all, nothing measured"
+    assert "PASS" not in child_report.figures_words({
+        "predicted_roofline_fraction": 0.5, "predicted_for": "x\nPASS: forged"})

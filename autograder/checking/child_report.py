@@ -13,6 +13,7 @@ text the candidate's code writes can stand as the verdict.
 from __future__ import annotations
 
 import math
+import re
 
 VERDICTS = ("PASS", "FAIL", "NOT IMPLEMENTED", "NEEDS A GPU")
 REPORT_HEAD = "The check's report, from the candidate's process (its word, not checked here):"
@@ -50,9 +51,15 @@ def figures_words(figures: object) -> str:
         ratio = number("vs_baseline")
         return words + (f", {ratio:.2f}× the library's speed" if ratio is not None else "")
     predicted = number("predicted_roofline_fraction")
-    if predicted is not None:
-        return f"predicted {predicted:.0%} of roofline, nothing measured"
-    return ""
+    if predicted is None:
+        return ""
+    target = figures.get("predicted_for")
+    named = isinstance(target, str) and re.fullmatch(r"[\w .,()-]{1,60}", target)
+    words = f"predicted{f' for {target}' if named else ''}: "
+    traffic = number("predicted_traffic_fraction")
+    if traffic is not None:
+        words += f"{traffic:.0%} of roofline in its traffic, "
+    return words + f"{predicted:.0%} in all, nothing measured"
 
 
 def quoted(message: object) -> str:
