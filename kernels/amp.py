@@ -74,18 +74,16 @@ def bf16_bits(x):
     integer arithmetic on the 16 bits that go."""
     bits = x.to(tl.uint32, bitcast=True)
     ### BEGIN SOLUTION
+    ### KEY
     # Add just under half of the bits that go (0x7FFF), plus one when the lowest bit that
     # stays is odd: a tie then rounds up to even, anything above half rounds up, and a
     # carry out of the mantissa moves into the exponent, as it must.
-    ### KEY
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     ### END KEY
     # A NaN whose payload lies in the low 16 bits would come out as inf, and 0x7FFFFFFF
     # would carry into the sign: keep the top half and set the quiet bit instead.
     is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    ### KEY
     rounded = tl.where(is_nan, (bits >> 16) | 0x40, rounded)
-    ### END KEY
     ### END SOLUTION
     return rounded.to(tl.uint16)
 
@@ -119,9 +117,7 @@ def fp16_fate(grad: torch.Tensor, scale: float = 1.0) -> tuple[float, float, flo
     become inf (overflow)."""
     ### BEGIN SOLUTION
     scaled = grad.float() * scale
-    ### KEY
     half = scaled.to(torch.float16)
-    ### END KEY
     count = grad.numel()
     ### KEY
     underflow = int(((half == 0) & (scaled != 0)).sum()) / count
@@ -173,11 +169,13 @@ class LossScaler:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
+                    ### KEY
                     # Checked before unscaling, as GradScaler does.
-        ### KEY
                     if not bool(torch.isfinite(p.grad).all()):
                         self.found_inf = True
+                    ### END KEY
                     p.grad.mul_(inverse)
+        ### KEY
         if not self.found_inf:
             optimizer.step()
         ### END KEY
@@ -256,8 +254,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad(set_to_none=True)
     ### KEY
     with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
-        loss = loss_fn(model(x), y)
     ### END KEY
+        loss = loss_fn(model(x), y)
     if scaler is None:
         loss.backward()
         optimizer.step()
@@ -280,16 +278,14 @@ def nonfinite_kernel(grad_ptr, found_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     g = tl.load(grad_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
-    # NaN is the one value unequal to itself; inf is beyond fp32's largest number.
     ### KEY
+    # NaN is the one value unequal to itself; inf is beyond fp32's largest number.
     bad = (g != g) | (tl.abs(g) > 3.4028234663852886e38)
-    if tl.sum(bad.to(tl.int32), axis=0) > 0:
     ### END KEY
+    if tl.sum(bad.to(tl.int32), axis=0) > 0:
         # Several programs may find one. Each raises the flag to the same 1.0 (an atomic
         # here; a plain store of 1.0 would do too), and none ever lowers it.
-        ### KEY
         tl.atomic_max(found_ptr, 1.0)
-        ### END KEY
     ### END SOLUTION
 
 
@@ -395,9 +391,9 @@ def fp8_quantize_kernel(x_ptr, scale_ptr, q_ptr, amax_ptr, n, BLOCK: tl.constexp
     ### KEY
     # e4m3 has no inf: e4m3_bits saturates, anything beyond ±448 becomes ±448.
     tl.store(q_ptr + offsets, e4m3_bits(x * tl.load(scale_ptr)), mask=mask)
+    ### END KEY
     # This step's amax, for the next step's scale. Masked lanes hold 0: they never win.
     tl.atomic_max(amax_ptr, tl.max(tl.abs(x), axis=0))
-    ### END KEY
     ### END SOLUTION
 
 

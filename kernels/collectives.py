@@ -111,16 +111,16 @@ def ring_allreduce(x: torch.Tensor, average: bool = False) -> torch.Tensor:
         ### END KEY
         for request in requests:
             request.wait()
-        # The partial sum from the left, plus this rank's own: the ring's order.
         ### KEY
+        # The partial sum from the left, plus this rank's own: the ring's order.
         theirs += incoming
         ### END KEY
     if average:  # chunk r + 1 is complete here, and only here
         chunks[(rank + 1) % world].div_(world)
-    ### KEY
     for step in range(world - 1):  # all-gather
+        ### KEY
         done, arriving = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
-    ### END KEY
+        ### END KEY
         requests = [dist.isend(done, right), dist.irecv(arriving, left)]
         for request in requests:
             request.wait()
@@ -134,11 +134,13 @@ def add_into_kernel(chunk_ptr, incoming_ptr, out_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(axis=0)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n  # a chunk is rarely a multiple of the block
+    ### KEY
     # Add in fp32 and round once: the sum of two fp16 or bf16 values correctly rounded, as
     # torch's own add gives it (and the interpreter cannot add in bf16).
-    ### KEY
     a = tl.load(chunk_ptr + offsets, mask=mask).to(tl.float32)
+    ### END KEY
     b = tl.load(incoming_ptr + offsets, mask=mask).to(tl.float32)
+    ### KEY
     tl.store(out_ptr + offsets, (a + b).to(out_ptr.dtype.element_ty), mask=mask)
     ### END KEY
     ### END SOLUTION

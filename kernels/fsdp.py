@@ -200,8 +200,10 @@ class ShardedLayer:
         if self.gathered:
             return
         ### BEGIN SOLUTION
-        ### KEY
+        ### KEY fsdp/zero3
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
+        ### END KEY
+        ### KEY fsdp/precision
         # The shard cast to the vector's dtype first (bf16 under the policy): the ranks
         # send one another half the bytes. A no-op when the two are the same.
         sent = self.shard.detach().to(self.full.dtype)
@@ -221,7 +223,7 @@ class ShardedLayer:
     def free(self) -> None:
         """Give the whole vector's memory back; the shard stays."""
         ### BEGIN SOLUTION
-        ### KEY
+        ### KEY fsdp/zero3
         self.full.untyped_storage().resize_(0)
         ### END KEY
         ### END SOLUTION
@@ -231,15 +233,17 @@ class ShardedLayer:
         mean over ranks of its own slice, as its shard's gradient (in the shard's dtype).
         Then the whole gradients and weights are freed."""
         ### BEGIN SOLUTION
-        ### KEY
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        ### KEY fsdp/precision
         # In reduce_dtype (fp32 under the policy): a sum of N bf16 gradients loses bits.
         flat = F.pad(flat.to(self.reduce_dtype), (0, self.shard_numel * self.world - self.numel))
-        ### END KEY
         mine = torch.empty(self.shard_numel, dtype=self.reduce_dtype)
-        ### KEY
+        ### END KEY
+        ### KEY fsdp/zero3
         dist.reduce_scatter_tensor(mine, flat)
         mine /= self.world  # the mean: gloo had no ReduceOp.AVG before torch 2.7
+        ### END KEY
+        ### KEY fsdp/precision
         mine = mine.to(self.shard.dtype)  # the master's dtype, for the optimizer
         ### END KEY
         if self.shard.grad is None:
@@ -271,36 +275,42 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False,
              for block in model.blocks]
     ### BEGIN SOLUTION
 
-    ### KEY
     def before_forward(index: int):
-    ### END KEY
         def hook(module, args):
             unit = units[index]
-            ### KEY
+            ### KEY fsdp/zero3
             unit.gather()  # a no-op if prefetched
             unit.wait()
+            ### END KEY
+            ### KEY fsdp/prefetch
             if prefetch and index + 1 < len(units):
                 units[index + 1].gather(async_op=True)
             ### END KEY
+            ### KEY fsdp/precision
             if param_dtype is not None:  # the block's input, in its weights' dtype
-                ### KEY
                 return tuple(a.to(param_dtype) for a in args)
-                ### END KEY
+            ### END KEY
         return hook
 
-    ### KEY
+    ### KEY fsdp/zero3
     def after_forward(index: int):
         def hook(module, args, output):
             units[index].free()
     ### END KEY
         return hook
 
+    ### KEY fsdp/zero3
     def before_backward(index: int):
+    ### END KEY
         def hook(module, grad_output):
+            ### KEY fsdp/zero3
             units[index].gather()
+            ### END KEY
+            ### KEY fsdp/prefetch
             units[index].wait()
             if prefetch and index > 0:
                 units[index - 1].gather(async_op=True)
+            ### END KEY
         return hook
 
     def gradient_ready(index: int):
@@ -309,7 +319,7 @@ def shard_layers(model: TinyTransformer, prefetch: bool = False,
             unit.grads_ready += 1
             if unit.grads_ready == len(unit.params):
                 unit.grads_ready = 0
-                ### KEY
+                ### KEY fsdp/zero3
                 unit.reduce_gradients()
                 ### END KEY
         return hook
@@ -382,9 +392,11 @@ def sharding_plan(params: float, nodes: int, gpus_per_node: int,
     ### KEY
     held = ADAM_MIXED_BYTES * params / (g if hybrid else n * g)
     nvlink = 3 * (g - 1) / g * 2 * params  # AG, AG, RS: each node's share of the levels
-    if hybrid:  # an all-reduce of the gradient shard among the replicas
-        network = 2 * (n - 1) / n * 2 * params / g
     ### END KEY
+    if hybrid:  # an all-reduce of the gradient shard among the replicas
+        ### KEY
+        network = 2 * (n - 1) / n * 2 * params / g
+        ### END KEY
     else:  # the cross-node level of the three collectives
         network = 3 * (n - 1) / n * 2 * params / g
     return held, nvlink, network
@@ -403,9 +415,9 @@ class Recomputed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, x: torch.Tensor) -> torch.Tensor:
         ### BEGIN SOLUTION
-        ### KEY
         ctx.run = run
         ctx.save_for_backward(x)
+        ### KEY
         with torch.no_grad():  # no graph: its activations are freed as they are used
             return run(x)
         ### END KEY
@@ -415,12 +427,12 @@ class Recomputed(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         ### BEGIN SOLUTION
         (x,) = ctx.saved_tensors
-        ### KEY
         x = x.detach().requires_grad_()
+        ### KEY
         with torch.enable_grad():
             output = ctx.run(x)  # the same forward again, this time keeping its graph
-        torch.autograd.backward(output, grad)
         ### END KEY
+        torch.autograd.backward(output, grad)
         return None, x.grad
         ### END SOLUTION
 

@@ -127,16 +127,16 @@ def assign_kernel(x_ptr, c_ptr, labels_ptr, n, k, d,
         c = tl.load(c_ptr + cols[:, None] * stride_ck + dims[None, :] * stride_cd,
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
         c = c - shift[None, :]
-        # ‖x − c‖² − ‖x‖²: the argmin over c does not need ‖x‖².
         ### KEY
+        # ‖x − c‖² − ‖x‖²: the argmin over c does not need ‖x‖².
         dist = tl.sum(c * c, axis=1)[None, :] - 2.0 * tl.dot(
             x, tl.trans(c), input_precision=INPUT_PRECISION)
         dist = tl.where(col_ok[None, :], dist, float("inf"))  # padding never wins
         tile_best, tile_label = tl.min(dist, axis=1, return_indices=True)
         better = tile_best < best  # against the best so far, then update both together
         best_label = tl.where(better, k0 + tile_label.to(tl.int64), best_label)
-        best = tl.where(better, tile_best, best)
         ### END KEY
+        best = tl.where(better, tile_best, best)
     ### END SOLUTION
     tl.store(labels_ptr + rows, best_label, mask=row_ok)
 
@@ -298,12 +298,10 @@ def segment_sum_kernel(x_ptr, order_ptr, sorted_labels_ptr, sums_ptr, n, d,
     running = tl.cumsum(rows, axis=0)  # running[i] = rows 0 … i of this block
     ### END KEY
     last_lane = tl.arange(0, BLOCK_N) == BLOCK_N - 1
-    ### KEY
     run_ends = valid & ((label != next_label) | last_lane)
-    ### END KEY
+    ### KEY
     # A run ending at lane e adds running[e]; the run after it, in the same block, starts
     # with running[e] already counted, so it takes running[e] away again.
-    ### KEY
     tl.atomic_add(sums_ptr + label[:, None] * d + dims[None, :], running,
                   mask=run_ends[:, None] & dim_ok[None, :], sem="relaxed")
     ### END KEY

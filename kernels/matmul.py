@@ -37,7 +37,9 @@ def matmul_rows_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     for k in range(0, K):
         ### KEY
         a = tl.load(a_ptr + row * stride_am + k * stride_ak).to(tl.float32)  # one element
+        ### END KEY
         b = tl.load(b_ptr + k * stride_bk + cols * stride_bn, mask=mask, other=0.0)
+        ### KEY
         acc += a * b.to(tl.float32)
         ### END KEY
     ### END SOLUTION
@@ -62,12 +64,12 @@ def tile_coordinates(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     """Which tile of C program ``pid`` computes, walking GROUP_M rows of tiles down
     before moving one column right (GROUP_M = 1: plain row-major order)."""
     ### BEGIN SOLUTION
+    ### KEY matmul/tiled
     per_group = GROUP_M * tiles_n
-    ### KEY
     first_m = (pid // per_group) * GROUP_M
     ### END KEY
     group_size = min(tiles_m - first_m, GROUP_M)  # the last group may be shorter
-    ### KEY
+    ### KEY matmul/grouped
     pid_m = first_m + (pid % per_group) % group_size
     pid_n = (pid % per_group) // group_size
     ### END KEY
@@ -84,8 +86,8 @@ def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.conste
         ### BEGIN SOLUTION
         ### KEY
         bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
-        acc += bias[None, :].to(tl.float32)
         ### END KEY
+        acc += bias[None, :].to(tl.float32)
         ### END SOLUTION
     if ACTIVATION == "relu":
         ### BEGIN SOLUTION
@@ -123,9 +125,9 @@ def matmul_kernel(
         ### KEY
         a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :] * stride_ak,
                     mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
+        ### END KEY
         b = tl.load(b_ptr + k[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
-        ### END KEY
         if UPCAST:  # the interpreter gets bf16 dots wrong; fp32 ones right (no TF32)
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -189,14 +191,14 @@ def matmul_tensor_core(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with tiles shaped for the matrix units: big enough to feed them, small enough
     to fit one SM's shared memory and registers, fp16/bf16 tiles straight into ``tl.dot``."""
     ### BEGIN SOLUTION
+    ### KEY
     # 128×128 fp32 accumulator / (8 warps × 32 threads) = 64 registers a thread.
     # Shared memory: 3 stages × (128×64 + 64×128) × 2 B = 96 KiB for fp16/bf16;
     # fp32 (TF32) tiles are twice as wide in bytes, so half the K: also 96 KiB.
-    ### KEY
     block_k = 64 if a.element_size() == 2 else 32
+    ### END KEY
     return matmul(a, b, block_m=128, block_n=128, block_k=block_k, group_m=8,
                   num_warps=8, num_stages=3)
-    ### END KEY
     ### END SOLUTION
 
 
@@ -217,10 +219,10 @@ def matmul_configs() -> list[triton.Config]:
                              num_warps=warps, num_stages=stages)
     ### END KEY
 
-    ### KEY
     return [
+        ### KEY
         config(128, 256, 64, 8, 3),  # Hopper's sweet spot for large fp16/bf16
-    ### END KEY
+        ### END KEY
         config(256, 128, 64, 8, 3),
         config(128, 128, 64, 8, 4),
         config(128, 128, 32, 4, 4),

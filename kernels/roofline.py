@@ -15,11 +15,11 @@ import time
 def cost_vector_add(n, dtype_bytes):
     """FLOPs and compulsory bytes of out = x + y, all three of n elements."""
     ### BEGIN SOLUTION
-    ### KEY
     flops = n  # one addition per output element
+    ### KEY
     nbytes = 3 * n * dtype_bytes  # read x, read y, write out
-    return flops, nbytes
     ### END KEY
+    return flops, nbytes
     ### END SOLUTION
 
 
@@ -40,9 +40,9 @@ def cost_matmul(m, n, k, dtype_bytes):
     ### BEGIN SOLUTION
     ### KEY
     flops = 2 * m * n * k  # m*n dot products of length k: k multiplies, k additions
+    ### END KEY
     nbytes = (m * k + k * n + m * n) * dtype_bytes  # read A and B, write C
     return flops, nbytes
-    ### END KEY
     ### END SOLUTION
 
 
@@ -51,8 +51,10 @@ def cost_attention(batch, heads, seq, head_dim, dtype_bytes, causal):
     ### BEGIN SOLUTION
     ### KEY
     flops = 4 * batch * heads * seq * seq * head_dim  # 2 matmuls of 2*S*S*D per head
+    ### END KEY
     if causal:
         flops //= 2  # only the lower triangle of the scores is computed
+    ### KEY
     nbytes = 4 * batch * heads * seq * head_dim * dtype_bytes  # Q, K, V read; O written
     ### END KEY
     return flops, nbytes
@@ -62,9 +64,9 @@ def cost_attention(batch, heads, seq, head_dim, dtype_bytes, causal):
 def time_floor(flops, nbytes, peak_flops, bandwidth):
     """The least time the work can take, in seconds, and the bound: "memory" or "compute"."""
     ### BEGIN SOLUTION
-    ### KEY
     compute_s = flops / peak_flops
     memory_s = nbytes / bandwidth
+    ### KEY
     return max(compute_s, memory_s), ("compute" if compute_s >= memory_s else "memory")
     ### END KEY
     ### END SOLUTION
@@ -78,9 +80,11 @@ def measure(launch, synchronize):
     synchronize()
     times = []
     for _ in range(50):
-    ### KEY
+        ### KEY
         start = time.perf_counter()
+        ### END KEY
         launch()
+    ### KEY
         synchronize()  # wait for this run's work before reading the clock
         times.append(time.perf_counter() - start)
     return statistics.median(times)

@@ -70,12 +70,12 @@ def top_k_top_p_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_k, to
             p = tl.load(row_start[:, None] + cols[None, :],
                         mask=looking[:, None] & (cols < V)[None, :], other=0.0)
             ### BEGIN SOLUTION
-            ### KEY
             kept = tl.where(p > low[:, None], p, 0.0)
+            ### KEY
             running = before[:, None] + tl.cumsum(kept, 1)
             passed = tl.where(running > (u * kept_mass)[:, None], cols[None, :], V)
-            drawn = tl.minimum(drawn, tl.min(passed, 1))
             ### END KEY
+            drawn = tl.minimum(drawn, tl.min(passed, 1))
             last = tl.maximum(last, tl.max(tl.where(kept > 0, cols[None, :], 0), 1))
             before += tl.sum(kept, 1)
             ### END SOLUTION
@@ -99,12 +99,14 @@ def top_k_top_p_kernel(probs_ptr, uniforms_ptr, out_ptr, M, V, ROUNDS, top_k, to
         ### BEGIN SOLUTION
         ### KEY
         accept = active & (above < top_p) & (count < top_k)
+        ### END KEY
         token = tl.where(accept, drawn.to(tl.int64), token)
         active = active & ((above >= top_p) | (count >= top_k))
+        ### KEY
         # Rejected: no token as probable as the one drawn passes both cuts.
         low = tl.where(active, p_t, low)
-        kept_mass = tl.where(active, above, kept_mass)
         ### END KEY
+        kept_mass = tl.where(active, above, kept_mass)
         ### END SOLUTION
         r += 1
     tl.store(out_ptr + rows, token, mask=rows < M)

@@ -96,9 +96,11 @@ class CopyToParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         ### BEGIN SOLUTION
-        # Every rank's slice of the layer used the whole x: x's gradient is their sum.
         ### KEY
+        # Every rank's slice of the layer used the whole x: x's gradient is their sum.
+        ### END KEY
         grad = grad.contiguous()
+        ### KEY
         dist.all_reduce(grad)
         ### END KEY
         ### END SOLUTION
@@ -111,8 +113,8 @@ class ReduceFromParallel(torch.autograd.Function):
         ### BEGIN SOLUTION
         ### KEY
         total = partial.contiguous().clone()  # never all-reduce into a tensor autograd saved
-        dist.all_reduce(total)
         ### END KEY
+        dist.all_reduce(total)
         ### END SOLUTION
         return total
 
@@ -146,9 +148,9 @@ class ColumnParallelLinear(nn.Module):
         ### BEGIN SOLUTION
         ### KEY
         rows = linear.out_features // world
+        ### END KEY
         self.weight = nn.Parameter(linear.weight.detach()[rank * rows:(rank + 1) * rows]
                                    .clone())
-        ### END KEY
         ### END SOLUTION
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,11 +168,9 @@ class RowParallelLinear(nn.Module):
         rank, world = dist.get_rank(), dist.get_world_size()
         self.reduce = reduce
         ### BEGIN SOLUTION
-        ### KEY
         columns = linear.in_features // world
         self.weight = nn.Parameter(
             linear.weight.detach()[:, rank * columns:(rank + 1) * columns].clone())
-        ### END KEY
         ### END SOLUTION
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,15 +213,17 @@ def _gather_sequence(shard: torch.Tensor) -> torch.Tensor:
     """Every rank's (b, s/t, h) shard, in rank order along the sequence: (b, s, h)."""
     ### BEGIN SOLUTION
     world = dist.get_world_size()
-    # all_gather_into_tensor stacks along the first dimension: put the sequence there.
     ### KEY
+    # all_gather_into_tensor stacks along the first dimension: put the sequence there.
     local = shard.movedim(SEQUENCE, 0).contiguous()
+    ### END KEY
     whole = local.new_empty((world * local.shape[0], *local.shape[1:]))
+    ### KEY
     dist.all_gather_into_tensor(whole, local)
+    ### END KEY
     # Contiguous: the layers that read it save it for backward, and a strided view would
     # have them save a copy beside it.
     return whole.movedim(0, SEQUENCE).contiguous()
-    ### END KEY
     ### END SOLUTION
 
 
@@ -230,8 +232,8 @@ def _reduce_scatter_sequence(whole: torch.Tensor) -> torch.Tensor:
     ### BEGIN SOLUTION
     world = dist.get_world_size()
     local = whole.movedim(SEQUENCE, 0).contiguous()
-    ### KEY
     mine = local.new_empty((local.shape[0] // world, *local.shape[1:]))
+    ### KEY
     dist.reduce_scatter_tensor(mine, local)
     ### END KEY
     return mine.movedim(0, SEQUENCE)
@@ -353,8 +355,8 @@ def parallel_plan(hidden: int, layers: int, seq_len: int, batch: int, gpus: int,
     data = gpus // tp  # GPUs that hold the same slice of the layers
     ### KEY
     state = STATE_BYTES * params / tp / (data if sharded else 1)
-    activations = ACTIVATION_BYTES * seq_len * hidden * layers / tp
     ### END KEY
+    activations = ACTIVATION_BYTES * seq_len * hidden * layers / tp
     # The data-parallel side, among the `data` GPUs of one TP rank, on its 1/tp slice of
     # the bf16 weights: FSDP all-gathers them twice and reduce-scatters the gradient; DP
     # all-reduces the gradient (a reduce-scatter and an all-gather).

@@ -53,17 +53,15 @@ def float_key(x):
     above +inf. fp16 and bf16 are upcast first, which is exact."""
     bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
     ### BEGIN SOLUTION
+    ### KEY
     # A positive float's bits already grow with its value: set the sign bit, to put it
     # above every negative one. A negative float's bits grow as the value *falls*
     # (-2.0 is 0xC0000000, -1.0 is 0xBF800000): flip them all (x ^ 0xFFFFFFFF; ~x does
     # the same, but Triton 3.6's interpreter fails on ~ of an unsigned integer).
-    ### KEY
     key = tl.where((bits >> 31) == 1, bits ^ 0xFFFFFFFF, bits | 0x80000000)
     ### END KEY
     # 0 * inf gives a NaN with the sign bit set, which would land below -inf.
-    ### KEY
     key = tl.where(x != x, 0xFFFFFFFF, key)
-    ### END KEY
     ### END SOLUTION
     return key
 
@@ -181,9 +179,9 @@ def topk_rows_kernel(x_ptr, values_ptr, indices_ptr, N, K, stride_xm, stride_xn,
         mask = cols < N
         x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask, other=0.0)
         ### BEGIN SOLUTION
-        ### KEY
         # Lanes past the row's end must never win: give them the empty word, 0.
         words = tl.where(mask, pack(float_key(x), cols), 0)
+        ### KEY
         # The block's own top K_PAD, then the top K_PAD of it and the running ones.
         running = merge_top(running, top_k(words, K_PAD))
         ### END KEY
@@ -298,11 +296,9 @@ def radix_histogram_kernel(x_ptr, hist_ptr, N, K, CAP, stride_xm, stride_xn, CHU
         x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask, other=0.0)
         ### BEGIN SOLUTION
         key = float_key(x)
-        ### KEY
         digit = ((key >> shift) & (BINS - 1)).to(tl.int32)
-        ### END KEY
-        # Only the elements under the prefix chosen so far (at level 0: all of them).
         ### KEY
+        # Only the elements under the prefix chosen so far (at level 0: all of them).
         under = mask & ((key.to(tl.uint64) >> (shift + 8)) == prefix)
         counts += tl.histogram(digit, BINS, mask=under)
         ### END KEY
@@ -344,8 +340,8 @@ def radix_filter_kernel(x_ptr, hist_ptr, cand_ptr, counts_ptr, N, K, CAP, stride
             ### KEY
             first = tl.atomic_add(counts_ptr + row * 2, n_above)  # reserve n_above slots
             slot = first + tl.cumsum(above.to(tl.int32), 0) - 1
-            tl.store(cand_ptr + row * CAP + slot, words.to(tl.int64, bitcast=True), mask=above)
             ### END KEY
+            tl.store(cand_ptr + row * CAP + slot, words.to(tl.int64, bitcast=True), mask=above)
         n_under = tl.sum(under.to(tl.int32), 0)
         if n_under > 0:
             first = tl.atomic_add(counts_ptr + row * 2 + 1, n_under)

@@ -42,9 +42,14 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SOLUTION_TAG = "solution"
 C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
 # Inside a solution region, the key lines of the answer (what a hint's last level shows)
-# sit between these. Only the kernels carry them: the notebooks never show them.
+# sit between these. Only the kernels carry them: the notebooks never show them. Where
+# several exercises fill the same function (ZeRO-3, prefetching and mixed precision all
+# fill ShardedLayer), a key marker names the problems whose key lines it opens:
+# ``### KEY fsdp/prefetch``, or ``### KEY fsdp/zero3 fsdp/precision``. An unnamed one opens
+# key lines of every problem whose answer is in the function.
 KEY, END_KEY = "### KEY", "### END KEY"
 C_KEY, C_END_KEY = "// KEY", "// END KEY"
+KEY_MARKER = re.compile(r"^(?:###|//) (?:(END) KEY|KEY((?: [\w/]+)*))$")
 INLINE = re.compile(r"^(\s*)# rooflab-inline: ([\w.]+):([\w,\s]+)$")
 SCRATCH = re.compile(r"^# rooflab-scratch: ([\w.]+):([\w,\s]+)$")
 MASTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.md$")
@@ -196,10 +201,20 @@ def _signature_over_a_stub(source: str) -> list[str]:
     return [*head, f"{indent}{BEGIN}", f"{indent}{END}"]
 
 
+def key_marker(line: str) -> tuple[bool, tuple[str, ...]] | None:
+    """For a line that is a key marker: whether it opens key lines (or ends them), and the
+    problems it names (none: every problem). None for any other line."""
+    match = KEY_MARKER.match(line.strip())
+    if match is None:
+        return None
+    return match.group(1) is None, tuple((match.group(2) or "").split())
+
+
 def solution(source: str) -> str:
-    """The complete version: solution markers removed, code kept."""
-    markers = (BEGIN, END, C_BEGIN, C_END, KEY, END_KEY, C_KEY, C_END_KEY)
-    return "\n".join(line for line in source.splitlines() if line.strip() not in markers)
+    """The complete version: solution markers and key markers removed, code kept."""
+    markers = (BEGIN, END, C_BEGIN, C_END)
+    return "\n".join(line for line in source.splitlines()
+                     if line.strip() not in markers and key_marker(line) is None)
 
 
 def regions(source: str) -> list[str]:
