@@ -11,7 +11,9 @@ it is always labelled a prediction.
 * ``matrix_units.py``: whether each ``tl.dot`` would feed the tensor cores and its tile
   fit an SM;
 * ``autotune.py``: ``@triton.autotune`` on a CPU, ranking configurations by prediction;
-* ``plot.py``: the roofline and the access patterns as pictures (plotly, a lab extra).
+* ``plot.py``: the roofline and the access patterns as pictures (plotly, a lab extra);
+* ``alpha_beta.py``: lab 08's α–β fit of a ring all-reduce's timings, the held-out sizes
+  against it, and the bus-bandwidth chart (its width the book's, from ``course.record``).
 
 It imports the device layer (the card's datasheet and ceilings) and nothing above it;
 the evidence a check gathers, beside it, is none of its business.
