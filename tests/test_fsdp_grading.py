@@ -62,9 +62,11 @@ def test_the_course_solution_passes_far_inside_the_bar_for_21_seeds():
 
 
 class _SwappedShard:
-    """ZeRO-3 written another way: each parameter's .data is swapped between an empty
-    tensor and a view of a list-form all-gather (no storage resizing), and the gradients
-    are reduce-scattered from a list of chunks."""
+    """ZeRO-3 that frees by rebinding: each parameter's .data is swapped between an empty
+    tensor and a view of a fresh list-form all-gather, and the gradients are
+    reduce-scattered from a list of chunks. The parameters' own storages are empty between
+    uses, but the tensors autograd saves in forward (views of the weights) keep each
+    gathered vector alive until backward: every block is whole at the end of forward."""
 
     def __init__(self, block: nn.Module, rank: int, world: int):
         self.params = list(block.parameters())
@@ -103,6 +105,35 @@ class _SwappedShard:
         self.release()
 
 
+class _RefilledShard(_SwappedShard):
+    """ZeRO-3 written another way, correctly: a list-form all-gather copied into one flat
+    vector per block, whose storage is given back after each use and refilled, so what
+    autograd saved in forward holds nothing between; gradients reduce-scattered from a
+    list of chunks."""
+
+    def __init__(self, block: nn.Module, rank: int, world: int):
+        params = list(block.parameters())
+        self.flat = torch.empty(-(-sum(p.numel() for p in params) // world) * world)
+        offset = 0
+        for p in params:
+            values = p.detach().reshape(-1).clone()
+            p.data = self.flat[offset:offset + p.numel()].view_as(p)
+            p.data.reshape(-1).copy_(values)
+            offset += p.numel()
+        super().__init__(block, rank, world)
+
+    def fetch(self) -> None:
+        if self.flat.untyped_storage().nbytes():
+            return
+        parts = [torch.empty(self.chunk) for _ in range(self.world)]
+        dist.all_gather(parts, self.shard.detach())
+        self.flat.untyped_storage().resize_(self.flat.numel() * self.flat.element_size())
+        self.flat.copy_(torch.cat(parts))
+
+    def release(self) -> None:
+        self.flat.untyped_storage().resize_(0)
+
+
 def hooked_sharding(unit_class):
     """shard_layers with one ``unit_class`` (fetch, release, reduce) per block, driven by
     module hooks as FSDP2 drives its units."""
@@ -125,13 +156,26 @@ def hooked_sharding(unit_class):
 
 
 swapped_shard_layers = hooked_sharding(_SwappedShard)
+refilled_shard_layers = hooked_sharding(_RefilledShard)
 
 
 def test_zero3_written_another_way_passes_every_case_for_21_seeds():
-    result, without_slack = _graded_with_room("fsdp/zero3", swapped_shard_layers, 7)
+    result, without_slack = _graded_with_room("fsdp/zero3", refilled_shard_layers, 7)
     assert result.passed, result.causes
     assert len(result.cases) == 21
     assert without_slack == "", without_slack
+
+
+def test_weights_freed_by_rebinding_data_fail_on_what_the_forward_kept_for_21_seeds():
+    """Counted by the parameters' own storages, every block is sharded after its forward;
+    counted by the storages alive, the forward's graph still holds each gathered vector."""
+    result = check(_seeds("fsdp/zero3", 7), swapped_shard_layers, show=False,
+                   raise_on_failure=False, measure=False)
+    assert len(result.cases) == 21 and not any(case.ok for case in result.cases)
+    for case in result.cases:
+        assert "as its forward ended the rank held" in case.summary, case.summary
+        assert "beyond the activations the model saves for backward" in case.summary
+        assert "rebinding .data to a new tensor leaves the old one alive" in case.summary
 
 
 NO_FREE = ("    def after_forward(index: int):\n        def hook(module, args, output):\n"
@@ -153,6 +197,11 @@ NO_PREFETCH = ("            if prefetch and index + 1 < len(units):\n",
                "            if False:\n")
 NO_BACKWARD_PREFETCH = ("            if prefetch and index > 0:\n", "            if False:\n")
 GRADIENTS_KEPT = ("            p.grad = None\n", "            p.grad.zero_()\n")
+# Not freed after backward: the next step's gather, which skips a block already whole,
+# leaves the weights of before the update.
+NOT_FREED_AFTER_BACKWARD = ("            p.grad = None\n        self.free()\n",
+                            "            p.grad = None\n")
+NO_GATHER_FOR_BACKWARD = ("            units[index].gather()\n", "            pass\n")
 
 SLIPS = [
     ("not freed after forward", "fsdp/zero3", [NO_FREE], "blocks were whole at once"),
@@ -165,6 +214,11 @@ SLIPS = [
     ("no prefetch in backward", "fsdp/prefetch", [NO_BACKWARD_PREFETCH],
      "began its backward"),
     ("whole gradients kept", "fsdp/zero3", [GRADIENTS_KEPT], "whole weights or gradients"),
+    ("not freed after backward", "fsdp/zero3", [NOT_FREED_AFTER_BACKWARD],
+     "backward rank 0 still held 3 blocks whole: their next forward computed with the "
+     "weights of before the optimizer's step"),
+    ("no gather before backward", "fsdp/zero3", [NO_GATHER_FOR_BACKWARD],
+     "block 2's backward ran with its weights freed"),
 ]
 
 

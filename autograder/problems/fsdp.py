@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,6 +153,9 @@ def _live_with(reachable: list[object]) -> int:
     return live("cpu").bytes
 
 
+_backward_of: dict[str, int | None] = {"block": None}  # the block whose backward began last
+
+
 def watch_blocks(model: torch.nn.Module, prefetch: bool) -> None:
     """Marks in the rank's log as each block begins and ends its forward and its backward,
     with how many blocks are whole: after the learner's hooks that gather, before those
@@ -161,6 +165,7 @@ def watch_blocks(model: torch.nn.Module, prefetch: bool) -> None:
 
     def backward_mark(index: int):
         def mark(grad: torch.Tensor) -> None:
+            _backward_of["block"] = index
             record.mark("backward block", block=index, whole=whole_blocks())
         return mark
 
@@ -209,21 +214,58 @@ def train(candidate, setup: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     watch_blocks(model, prefetch)
     optimizer = torch.optim.AdamW(shards, lr=LR)
     seen = []
+    saved = activation_bytes(make_model(dim, heads, layers, seed), loss_fn, x[0], y[0])
     account_memory(candidate, sentinel, "before the first step")
     for step in range(len(x)):
-        seen.append(train_step(model, shards, optimizer, loss_fn, x[step], y[step], step))
+        seen.append(train_step(model, shards, optimizer, loss_fn, x[step], y[step], step,
+                               sentinel=sentinel, activations=saved))
         account_memory(candidate, sentinel, f"after step {step}")
     return torch.tensor(seen, dtype=torch.float64)
 
 
-def train_step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn,
-          x: torch.Tensor, y: torch.Tensor, step: int) -> list[float]:
-    """One training step, marked; this rank's loss, its shards' squared gradient norm, and
-    how many shards have no gradient. Nothing of it outlives the call but the numbers."""
-    record.mark("step", step=step)
+def activation_bytes(model: torch.nn.Module, loss_fn, x: torch.Tensor,
+                     y: torch.Tensor) -> int:
+    """The bytes a forward of ``model``, whole and unsharded, leaves alive for its backward:
+    the activations autograd saves (its weights were alive before). A sharded model's
+    forward may hold these and a gathered block, no more."""
+    before = live("cpu").bytes
     loss = loss_fn(model, x, y)
+    held = live("cpu").bytes - before
+    del loss
+    return held
+
+
+def train_step(model: torch.nn.Module, shards: list[torch.Tensor], optimizer, loss_fn,
+               x: torch.Tensor, y: torch.Tensor, step: int, sentinel: list | None = None,
+               activations: int | None = None) -> list[float]:
+    """One training step, marked; this rank's loss, its shards' squared gradient norm, and
+    how many shards have no gradient. Nothing of it outlives the call but the numbers.
+    With ``activations`` (what the unsharded model's forward saves), the bytes the
+    forward left alive are marked too: the weights a forward's graph keeps count there,
+    not only the parameters' own storages."""
+    record.mark("step", step=step)
+    at_start = live("cpu").bytes if activations is not None else 0
+    loss = loss_fn(model, x, y)
+    if activations is not None:
+        frozen = sentinel is not None and refrozen(sentinel)
+        record.mark("forward memory", held=0 if frozen else live("cpu").bytes - at_start,
+                    activations=activations)
     record.mark("backward", whole=sum(_whole(block) for block in model.blocks))
-    loss.backward()
+    _backward_of["block"] = None
+    try:
+        loss.backward()
+    except RuntimeError as error:
+        freed = _backward_of["block"]
+        if freed is None or _whole(model.blocks[freed]) or "storage of size 0" not in str(
+                error):
+            raise
+        # Autograd read a weight it saved in forward, a view of the freed vector: no
+        # line of the learner's is on the stack, so the grader says what it saw.
+        raise RuntimeError(
+            f"block {freed}'s backward ran with its weights freed (their storage holds 0 "
+            "bytes, as after its forward), and autograd could not read them: gather each "
+            "block's weights again before its backward, in a backward pre-hook "
+            "(register_full_backward_pre_hook), as its forward pre-hook does") from None
     record.mark("optimizer", whole=sum(_whole(block) for block in model.blocks))
     # This rank's part alone: a DTensor's own norm would be a collective of the grader's.
     square = sum(float(local_part(s.grad).double().square().sum()) for s in shards
@@ -310,6 +352,32 @@ def numbers_cause(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
                 return head + (f": {n} times too large. The reduce-scatter sums the ranks' "
                                f"gradients; the mean over the whole batch divides by N = {n}")
             return head + (f" ({ratio:.4g} times)" if math.isfinite(ratio) else "")
+    return ""
+
+
+def _kept_whole_cause(logs: list[RankLog], wrong: str) -> str:
+    """Where the numbers first part at a step after the first, and some rank's blocks were
+    still whole after the step before's backward: that, named (a gather skips a block
+    already whole, so the next forward computes with the weights of before the update);
+    else ""."""
+    found = re.match(r"step (\d+): the loss", wrong)
+    if not found or int(found.group(1)) == 0:
+        return ""
+    before = int(found.group(1)) - 1
+    for log in logs:
+        steps = [i for i, mark in enumerate(log.marks) if mark.label == "step"]
+        if before >= len(steps):
+            continue
+        end = steps[before + 1] if before + 1 < len(steps) else len(log.marks)
+        kept = [m.data.get("whole", 0) for m in log.marks[steps[before]:end]
+                if m.label == "optimizer"]
+        if kept and kept[0]:
+            head = wrong.split(": the first steps agree")[0]
+            return (f"{head}; after step {before}'s backward rank {log.rank} still held "
+                    f"{kept[0]} blocks whole: their next forward computed with the "
+                    "weights of before the optimizer's step (a gather does nothing for a "
+                    "block already whole). "
+                    "Free each block once its gradients are reduce-scattered")
     return ""
 
 
@@ -575,6 +643,7 @@ def _grade(prefetch: bool, slack_blocks: int = SLACK_BLOCKS):
         error = max(relative_error(got, right) if got != right else 0.0 for got, right in
                     zip(trained[:, :2].reshape(-1).tolist(), want.reshape(-1).tolist(),
                         strict=True))
+        wrong = _kept_whole_cause(logs, wrong) or wrong
         seen = Comparison(not wrong, rel_error=error, cause=wrong)
         if wrong:
             return CaseResult(case, seen)
@@ -587,11 +656,35 @@ def _grade(prefetch: bool, slack_blocks: int = SLACK_BLOCKS):
             if cause:
                 return CaseResult(case, seen, error=cause)
         for log in logs:
-            cause = memory_cause(log, bound, len(want))
+            cause = memory_cause(log, bound, len(want)) or forward_memory_cause(
+                log, math.ceil(max(sizes) / n) * n * next(model.parameters()).element_size())
             if cause:
                 return CaseResult(case, seen, error=cause)
         return CaseResult(case, seen)
     return grade
+
+
+# Whole blocks a rank may hold as its forward ends, beyond the activations: the last
+# block, which an FSDP may keep for the backward that begins with it, and the buffers of
+# the last all-gather, which gloo's process group holds a while after it completes.
+FORWARD_SLACK_BLOCKS = 2
+
+
+def forward_memory_cause(log: RankLog, block: int) -> str:
+    """Why rank ``log.rank``'s forward held more than the activations and
+    ``FORWARD_SLACK_BLOCKS`` blocks of ``block`` bytes (one whole padded block), or ""."""
+    for step, mark in enumerate(m for m in log.marks if m.label == "forward memory"):
+        beyond = mark.data["held"] - mark.data["activations"]
+        if beyond > FORWARD_SLACK_BLOCKS * block:
+            return (f"rank {log.rank}, step {step}: as its forward ended the rank held "
+                    f"{beyond:,} bytes beyond the activations the model saves for backward "
+                    f"({mark.data['activations']:,} B, measured on the model unsharded), "
+                    f"{beyond / block:.1f} whole blocks' worth: blocks' gathered weights were "
+                    "still alive after their forward. A tensor autograd saved in forward "
+                    "(a view of a weight) keeps its storage: rebinding .data to a new tensor "
+                    "leaves the old one alive; give the storage itself back "
+                    "(untyped_storage().resize_(0)) and refill the same one")
+    return ""
 
 
 HINTS = ("Each block's parameters become one flat vector, padded to a multiple of N, and "
