@@ -169,7 +169,9 @@ SLIPS = [
          "        return F.linear(copy_to_parallel(x), self.weight)\n"),
         ("        half.register_forward_pre_hook(lambda module, args: "
          "(copy_to_parallel(args[0]),))\n", "        pass\n")),
-     "q, k and v read one input: one f for the three"),
+     "4 ran in the backward of CopyToParallel (f), 4 separate ones: one for each of "
+     "attention.q, attention.k, attention.v and mlp.up. q, k and v read one input: one f for "
+     "the three, where the attention begins"),
     ("the row-parallel layer split by rows", "tp/block", (
         ("        columns = linear.in_features // world\n        self.weight = nn.Parameter(\n"
          "            linear.weight.detach()[:, rank * columns:(rank + 1) * columns].clone())\n",
@@ -198,6 +200,75 @@ SLIPS = [
 ]
 
 
+# g that all-reduces in backward as well as forward (its backward is the identity).
+G_REDUCES_BACKWARD = (("        return grad  # the sum's gradient reaches each partial sum "
+                       "unchanged\n",
+                       "        grad = grad.clone()\n        dist.all_reduce(grad)\n"
+                       "        return grad\n"),)
+# The sequence gathers: along the sequence but in place (all_gather_into_tensor stacks along
+# the first dimension, and gloo refuses the shapes); along the batch; in rank-reversed
+# order; with the ranks' tokens interleaved; as a list concatenated along the batch.
+SEQUENCE_LEFT_IN_PLACE = (
+    ("    local = shard.movedim(SEQUENCE, 0).contiguous()\n", "    local = shard.contiguous()\n"),
+    ("    whole = local.new_empty((world * local.shape[0], *local.shape[1:]))\n",
+     "    whole = local.new_empty((local.shape[0], world * local.shape[1], "
+     "*local.shape[2:]))\n"),
+    ("    return whole.movedim(0, SEQUENCE).contiguous()", "    return whole"))
+GATHERED_ALONG_THE_BATCH = (
+    ("    local = shard.movedim(SEQUENCE, 0).contiguous()\n", "    local = shard.contiguous()\n"),)
+RANK_REVERSED = (("    return whole.movedim(0, SEQUENCE).contiguous()",
+                  "    whole = torch.cat(whole.chunk(world)[::-1])\n"
+                  "    return whole.movedim(0, SEQUENCE).contiguous()"),)
+INTERLEAVED = (("    return whole.movedim(0, SEQUENCE).contiguous()",
+                "    whole = whole.view(world, -1, *whole.shape[1:]).transpose(0, 1)"
+                ".reshape(whole.shape)\n"
+                "    return whole.movedim(0, SEQUENCE).contiguous()"),)
+LIST_CONCATENATED_ALONG_THE_BATCH = (
+    ("    dist.all_gather_into_tensor(whole, local)\n",
+     "    parts = [torch.empty_like(shard) for _ in range(world)]\n"
+     "    dist.all_gather(parts, shard.contiguous())\n"
+     "    whole = torch.cat(parts, dim=0).movedim(SEQUENCE, 0)\n"),)
+
+SLIPS += [
+    ("g all-reduces in backward too", "tp/block", G_REDUCES_BACKWARD,
+     "rank 0's backward made 4 all-reduces, not 2 (of [1152, 1152, 1152, 1152] elements): "
+     "2 ran in the backward of ReduceFromParallel (g, which sums attention.out's and "
+     "mlp.down's partial outputs), which passes its gradient through unchanged; 2 ran in "
+     "the backward of CopyToParallel (f), one where each half begins, as they should"),
+    ("the sequence gathered where it lies", "tp/sequence", SEQUENCE_LEFT_IN_PLACE,
+     "rank 0's 1st all-gather in forward, dist.all_gather_into_tensor, was handed the "
+     "rank's slice as (2, 4, 48) and an output of (2, 12, 48): it stacks the 3 ranks' "
+     "tensors along their first dimension, so that output would be (6, 4, 48). The "
+     "sequence is dimension 1 of the rank's (2, 4, 48) slice (4 of the 12 tokens): to "
+     "gather it, put it first, a (4, 2, 48) slice into (12, 2, 48), and move it back after; "
+     "it raised RuntimeError: ProcessGroupGloo::allgather"),
+    ("the batch gathered, not the sequence", "tp/sequence", GATHERED_ALONG_THE_BATCH,
+     "in the block's forward; before it, its 1st all-gather in forward stacked the ranks' "
+     "(2, 4, 48) slices along dimension 0, the batch, into (6, 4, 48)"),
+    ("the gathered slices concatenated along the batch", "tp/sequence",
+     LIST_CONCATENATED_ALONG_THE_BATCH,
+     "rank 0's 1st reduce-scatter in forward, dist.reduce_scatter_tensor, was handed "
+     "partial sums of (4, 6, 48) and an output of (1, 6, 48): it splits its input's first "
+     "dimension 3 ways, and 4 does not split 3 ways. The partial sums are the (2, 12, 48) "
+     "activation: with the sequence first, (12, 2, 48) into (4, 2, 48). This one holds "
+     "3 × 2 = 6 along one dimension and 4 tokens along another: the ranks' slices were put "
+     "together along the batch, not the sequence; it raised RuntimeError: Check failed"),
+    ("the slices gathered in rank-reversed order", "tp/sequence", RANK_REVERSED,
+     "rank 0: block.attention was handed the whole sequence, every token's row as one "
+     "process has it, but out of order: the ranks' slices in the order 2, 1, 0, where the "
+     "sequence is rank 0's 4 tokens, then rank 1's, and so on. So the block's output "
+     "differs"),
+    ("the ranks' tokens interleaved", "tp/sequence", INTERLEAVED,
+     "rank 0: block.attention was handed the whole sequence, every token's row as one "
+     "process has it, but out of order: its first 6 tokens are the sequence's 0, 4, 8, 1, "
+     "5, 9, not 0 to 5"),
+]
+# What each of these slips must not be told: the cause that is not its own.
+NOT_SAID = {"g all-reduces in backward too": ("one f for the three",),
+            "the sequence gathered where it lies": ("rank 0 raised",),
+            "the gathered slices concatenated along the batch": ("[rank0]:",)}
+
+
 @pytest.mark.parametrize("name, problem, edits, words", SLIPS, ids=[s[0] for s in SLIPS])
 def test_each_classic_slip_fails_and_is_named(tmp_path, name, problem, edits, words):
     module = mutant(tmp_path, "tensor_parallel", *edits)
@@ -205,6 +276,75 @@ def test_each_classic_slip_fails_and_is_named(tmp_path, name, problem, edits, wo
     result = grade(on(problem, 3), function)
     assert not result.passed
     assert words in causes(result), causes(result)
+    for wrong in NOT_SAID.get(name, ()):
+        assert wrong not in causes(result), causes(result)
+
+
+@pytest.mark.parametrize("problem, edits, words", [
+    ("tp/block", G_REDUCES_BACKWARD, "2 ran in the backward of ReduceFromParallel (g"),
+    ("tp/sequence", RANK_REVERSED, "the ranks' slices in the order 1, 0")],
+    ids=["g all-reduces in backward", "rank-reversed gather"])
+def test_a_slip_is_told_the_same_for_20_draws(tmp_path, problem, edits, words):
+    """Where the all-reduces ran, and the order of the rows, do not hang on the numbers
+    drawn: twenty draws on 2 ranks, one message."""
+    module = mutant(tmp_path, "tensor_parallel", *edits)
+    function = module.parallelize if problem == "tp/block" else module.parallelize_sequence
+    result = grade(on(problem, 2, copies=20), function)
+    told = {case.explained for case in result.cases}
+    assert len(result.cases) == 20 and not any(case.ok for case in result.cases)
+    assert len(told) == 1 and words in told.pop(), told
+
+
+def test_backward_all_reduces_from_nowhere_known_are_counted_not_explained():
+    """Calls whose autograd node the log does not hold (or a graph the harness could not
+    read): the count and the contract, and no guess at the cause."""
+    from rooflab.autograder.ranks.record import Call, Mark, RankLog
+
+    case = next(c for c in get_problem("tp/block").cpu_cases if c.sizes["ranks"] == 3)
+    whole = problems.BATCH * case.sizes["length"] * case.sizes["dim"]
+    calls = [Call(seq, "all_reduce", None, whole, 4 * whole, "float32", True)
+             for seq in range(6)]
+    log = RankLog(0, calls=calls, marks=[Mark("forward", 0), Mark("backward", 2),
+                                         Mark("graph", 6, {"nodes": None}), Mark("after", 6)])
+    told = problems.calls_cause(case, log, sequence=False)
+    assert told == (f"rank 0's backward made 4 all-reduces, not 2 (of {[whole] * 4} "
+                    "elements): one all-reduce of the b × s × h activation in each half's "
+                    "forward (g) and one in each half's backward (f)"), told
+
+
+def recorded_where(x):
+    """An all-reduce in an autograd Function's backward, and an all-gather of a (2, 3)
+    tensor into a (4, 3) one, in forward."""
+    import torch
+    import torch.distributed as dist
+
+    class Summed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            return grad
+
+    whole = x.new_empty((2 * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(whole, x)
+    x = x.clone().requires_grad_()
+    Summed.apply(x).sum().backward()
+    return x.grad
+
+
+def test_the_record_holds_each_calls_shapes_and_the_backward_it_ran_in():
+    from rooflab.autograder.ranks import on_ranks
+
+    for run in on_ranks(recorded_where, 2, torch.ones(2, 3)):
+        gather, reduce = run.log.calls
+        assert (gather.op, gather.shape, gather.into, gather.node) == (
+            "all_gather_into_tensor", [2, 3], [4, 3], None)
+        assert (reduce.op, reduce.shape, reduce.node[0]) == (
+            "all_reduce", [2, 3], "SummedBackward")
 
 
 def test_the_verdicts_are_the_same_for_20_draws():

@@ -20,7 +20,15 @@ With sequence parallelism, rank r gets tokens [r·s/t, (r + 1)·s/t) of both. Gr
   the b × s × h activation in each half's forward and one in its backward; with SP each
   all-reduce becomes an all-gather of the rank's b × s/t × h slice and a reduce-scatter
   of the whole, in forward and in backward (backward may gather the saved input again,
-  as Megatron does, and all-reduce the LayerNorms' gradients); nothing else;
+  as Megatron does, and all-reduce the LayerNorms' gradients); nothing else. Where a
+  count is wrong, each backward call's autograd node (``Call.node``), placed in the graph
+  the harness reads after backward (``_graph``: the layers that feed it and read it),
+  says whether g's backward or one f too many made it; where a collective raised, the
+  shapes it was handed (``Call.shape``, ``Call.into``) against those that move the
+  sequence;
+* with SP, the order: what each half was handed (the harness's forward pre-hooks, after
+  the learner's), row by row against one process's: the right rows in another order
+  (slices gathered out of rank order, tokens interleaved) is said so;
 * with SP, the activations: what the rank holds after forward, beyond what it held
   before (``evidence/live_memory.py``), at most what splitting every activation along
   the sequence leaves, plus the gathered inputs of the two halves.
@@ -33,6 +41,7 @@ from the seed.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 
 import torch
@@ -145,20 +154,129 @@ def run(candidate, setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> torch.T
         share = x.shape[1] // world
         x, grad = (t[:, rank * share:(rank + 1) * share].contiguous() for t in (x, grad))
     x = x.clone().requires_grad_()
+    watching = _watch_halves(block) if sequence else []
     before = live("cpu").bytes
     record.mark("forward")
     try:
         output = block(x)
+        for handle in watching:
+            handle.remove()
         record.mark("backward", activations=live("cpu").bytes - before)
         local_part(output).backward(grad)
     except Exception as error:  # noqa: BLE001 (judged with the calls that led to it)
         record.mark("raised", error=f"{type(error).__name__}: {str(error)[:300]}")
         return torch.empty(0)
+    finally:
+        for handle in watching:
+            handle.remove()
+    try:
+        graph = _graph(local_part(output), block)
+    except Exception:  # noqa: BLE001 (a graph it cannot read: where the calls ran is unknown)
+        graph = None
+    record.mark("graph", nodes=graph)
     record.mark("after", frozen=refrozen(sentinel))
     parts = [local_part(output), x.grad, *(local_part(weights[name].grad) for name in SPLITS),
              *(local_part(_parameter(block, name).grad) for name in NORMS)]
     record.mark("returned", sizes=[-1 if p is None else p.numel() for p in parts])
     return torch.cat([p.detach().reshape(-1).double() for p in parts if p is not None])
+
+
+HALVES = ("attention", "mlp")
+
+
+def rows_digest(tensor: torch.Tensor) -> list[list[float]]:
+    """Each row of the last dimension (a token's activation) in three numbers: the sum of
+    its values, their sum weighted by place (1, 2, 3, …) and the sum of their magnitudes."""
+    rows = tensor.detach().reshape(-1, tensor.shape[-1]).double()
+    place = torch.arange(1, rows.shape[1] + 1, dtype=torch.float64)
+    return torch.stack([rows.sum(1), (rows * place).sum(1), rows.abs().sum(1)], 1).tolist()
+
+
+def _watch_halves(block: torch.nn.Module) -> list:
+    """Forward pre-hooks on the block's attention and MLP, run after the learner's own:
+    each marks, the first time, the shape of what that half is handed and the digest of
+    each of its rows (``rows_digest``), which the grader sets against one process's."""
+    handles, marked = [], set()
+    for half in HALVES:
+        module = getattr(block, half, None)
+        if not isinstance(module, torch.nn.Module):
+            continue
+
+        def seen(module, args, half=half):
+            if half in marked:
+                return
+            marked.add(half)
+            given = local_part(args[0]) if args and isinstance(args[0], torch.Tensor) \
+                else None
+            if given is None or given.dim() == 0:
+                record.mark(f"{half} input", shape=None)
+                return
+            record.mark(f"{half} input", shape=list(given.shape),
+                        rows=rows_digest(given) if given.numel() <= 1 << 16 else None)
+
+        handles.append(module.register_forward_pre_hook(seen))
+    return handles
+
+
+def _graph(output: torch.Tensor, block: torch.nn.Module) -> list[list] | None:
+    """The autograd graph from the block's output, as [sequence number, name, the layers
+    whose output feeds the node, the layers that read its output] a node: a layer is a
+    module with parameters (attention.q, attention_norm), found as the node that takes a
+    parameter's gradient, and each list holds the nearest ones. A collective made in
+    backward names its node (``record.Call.node``): this says where that node sits."""
+    root = getattr(output, "grad_fn", None)
+    if root is None:
+        return None
+    names = {id(p): name.rpartition(".")[0] for name, p in block.named_parameters()}
+
+    def layers(node) -> set[str]:
+        found = set()
+        for step, _ in node.next_functions:
+            for _ in range(3):  # through a transpose or a view to the parameter
+                if step is None:
+                    break
+                variable = getattr(step, "variable", None)
+                if variable is not None:
+                    if id(variable) in names:
+                        found.add(names[id(variable)])
+                    break
+                if len(step.next_functions) != 1:
+                    break
+                step = step.next_functions[0][0]
+        return found
+
+    nodes, consumers, order = {}, {}, [root]
+    while order and len(nodes) < 5000:
+        node = order.pop()
+        if node in nodes:
+            continue
+        nodes[node] = layers(node) if getattr(node, "variable", None) is None else None
+        for step, _ in node.next_functions:
+            if step is not None:
+                consumers.setdefault(step, []).append(node)
+                order.append(step)
+
+    def nearest(start, edges) -> list[str]:
+        found, seen, order = set(), set(), list(edges(start))
+        while order:
+            node = order.pop()
+            if node in seen or nodes.get(node) is None:
+                continue
+            seen.add(node)
+            if nodes[node]:
+                found |= nodes[node]
+            else:
+                order.extend(edges(node))
+        return sorted(found)
+
+    def feeding(node):
+        return [step for step, _ in node.next_functions if step is not None]
+
+    def reading(node):
+        return consumers.get(node, [])
+
+    return [[int(node._sequence_nr()), node.name(), nearest(node, feeding),
+             nearest(node, reading)] for node, own in nodes.items() if own is not None]
 
 
 def full_shapes(dim: int) -> dict[str, tuple[int, int]]:
@@ -193,12 +311,22 @@ def reference(setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> dict[str, to
     """One process, in float64: the block's output, its input's gradient and every
     parameter's gradient."""
     dim, heads, seed, _ = setup
+    halves: dict[str, torch.Tensor] = {}
+
+    def seen(half: str):
+        def hook(module, args) -> None:  # returns None: the input goes on as it is
+            halves.setdefault(half, args[0].detach().clone())
+        return hook
+
     with one_cpu_thread():
         block = make_block(dim, heads, seed).double()
+        for half in HALVES:
+            block.get_submodule(half).register_forward_pre_hook(seen(half))
         x = x.double().requires_grad_()
         output = block(x)
         output.backward(grad.double())
     found = {"output": output.detach(), "input": x.grad}
+    found.update((f"{half} input", given) for half, given in halves.items())
     found.update((name, _weight(block, name).grad) for name in SPLITS)
     found.update((name, block.get_parameter(name).grad) for name in NORMS)
     return found
@@ -284,6 +412,69 @@ def numbers_cause(case: Case, want: dict[str, torch.Tensor], outputs: list[objec
     return "", worst
 
 
+def _sequence_order(perm: list[int], batch: int, length: int, n: int) -> str:
+    """In words, where the tokens of a (batch × length) sequence went: ``perm[i]`` is the
+    row (batch·length + token) that row i holds."""
+    share = length // n
+    moved = [(i // length, i % length, j // length, j % length) for i, j in enumerate(perm)]
+    crossed = next((m for m in moved if m[0] != m[2]), None)
+    if crossed is not None:
+        return (f"token {crossed[1]} of sequence {crossed[0]} in the batch holds token "
+                f"{crossed[3]} of sequence {crossed[2]}: the batch and the sequence are "
+                "mixed")
+    sources = [j % length for j in perm[:length]]
+    same = all(perm[b * length + p] % length == sources[p] for b in range(batch)
+               for p in range(length))
+    chunks = [sources[k * share] // share for k in range(n)] if share else []
+    if same and share and all(sources[k * share + i] == chunks[k] * share + i
+                              for k in range(n) for i in range(share)):
+        return (f"the ranks' slices in the order {', '.join(map(str, chunks))}, where the "
+                f"sequence is rank 0's {share} tokens, then rank 1's, and so on")
+    shown = min(length, 2 * n)
+    return (f"its first {shown} tokens are the sequence's {', '.join(map(str, sources[:shown]))}"
+            f", not 0 to {shown - 1}")
+
+
+def order_cause(case: Case, want: dict[str, torch.Tensor], logs: list[RankLog]) -> str:
+    """With SP, "" or why a half of the block computed on the wrong sequence: the rows it
+    was handed (the harness's mark of each row's digest) are one process's, each of them,
+    but in another order. Only a half handed the whole (b, s, h) sequence is judged."""
+    n = world_size(case)
+    for log in logs:
+        for half in HALVES:
+            mark = next((m for m in log.marks if m.label == f"{half} input"), None)
+            right = want.get(f"{half} input")
+            if mark is None or right is None or mark.data.get("shape") != list(right.shape):
+                continue
+            try:
+                got = torch.tensor(mark.data.get("rows"), dtype=torch.float64)
+            except (TypeError, ValueError, RuntimeError):
+                continue
+            wanted = torch.tensor(rows_digest(right), dtype=torch.float64)
+            if got.shape != wanted.shape:
+                continue
+            scale = wanted[:, 2:].clamp(min=1.0) * torch.tensor([1.0, right.shape[-1], 1.0])
+            same = ((got[:, None, :] - wanted[None, :, :]).abs()
+                    <= 1e-4 * scale[None, :, :]).all(-1)
+            if bool(same.diagonal().all()):
+                continue  # in order
+            perm: list[int] = []
+            for i in range(same.shape[0]):
+                options = [j for j in same[i].nonzero().flatten().tolist() if j not in perm]
+                if not options:
+                    break
+                perm.append(i if i in options else options[0])
+            if len(perm) != same.shape[0]:
+                break  # rows that are not one process's: no order to speak of
+            batch, length = right.shape[0], right.shape[1]
+            return (f"rank {log.rank}: block.{half} was handed the whole sequence, every "
+                    "token's row as one process has it, but out of order: "
+                    f"{_sequence_order(perm, batch, length, n)}. So the block's output "
+                    f"differs: rank r's slice belongs at tokens [{length // n}·r, "
+                    f"{length // n}·(r + 1)) of what each half is handed")
+    return ""
+
+
 def _numbers_advice(name: str, got: torch.Tensor, right: torch.Tensor, n: int,
                     sequence: bool) -> str:
     """What the numbers alone show, or ""."""
@@ -297,7 +488,8 @@ def _numbers_advice(name: str, got: torch.Tensor, right: torch.Tensor, n: int,
     return ""
 
 
-MARKS = ("weights", "forward", "backward", "after", "returned", "raised", "invalid")
+MARKS = ("weights", "forward", "backward", "after", "returned", "raised", "invalid", "graph",
+         *(f"{half} input" for half in HALVES))
 
 
 def _phase(log: RankLog, label: str, until: str | None) -> list[Call]:
@@ -307,6 +499,95 @@ def _phase(log: RankLog, label: str, until: str | None) -> list[Call]:
         return []
     last = end.calls if end is not None else len(log.calls)
     return [call for call in log.calls if start.calls <= call.seq < last]
+
+
+ROW_LAYERS = tuple(name for name, split in SPLITS.items() if split == "row")
+COLUMN_LAYERS = tuple(name for name, split in SPLITS.items() if split == "column")
+
+
+def graph_nodes(log: RankLog) -> dict[int, tuple[str, list[str], list[str]]]:
+    """The rank's autograd graph as the harness marked it (``_graph``): by sequence
+    number, the node's name, the layers that feed it and those that read it."""
+    mark = next((m for m in log.marks if m.label == "graph"), None)
+    nodes = mark.data.get("nodes") if mark is not None else None
+    table: dict[int, tuple[str, list[str], list[str]]] = {}
+    for entry in nodes if isinstance(nodes, list) else ():
+        if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int) and \
+                isinstance(entry[1], str) and all(isinstance(e, list) for e in entry[2:]):
+            table[entry[0]] = (entry[1], [str(e) for e in entry[2]], [str(e) for e in entry[3]])
+    return table
+
+
+def _written_name(name: str) -> str:
+    """A node's name as the learner wrote it: an autograd Function's class (the node of
+    ``ReduceFromParallel`` is ``ReduceFromParallelBackward``), or torch's own node."""
+    return name.removesuffix("Backward") or name
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _where_cause(log: RankLog, reduces: list[Call]) -> str:
+    """Why backward's all-reduces are not f's two, from where each ran: the autograd node
+    whose backward made it (``Call.node``) and where that node sits in the block's graph:
+    g (it sums a row-parallel layer's output), f (column-parallel layers read its output)
+    or neither. "" when no call's node is known."""
+    table = graph_nodes(log)
+    placed: dict[str, list[tuple[int, str, list[str], list[str]]]] = {"g": [], "f": [], "": []}
+    for call in reduces:
+        if call.node is None or call.node[1] not in table:
+            continue
+        name, feeds, reads = table[call.node[1]]
+        role = "g" if set(feeds) & set(ROW_LAYERS) else \
+            "f" if set(reads) & set(COLUMN_LAYERS) else ""
+        placed[role].append((call.node[1], _written_name(name), feeds, reads))
+    known = sum(len(calls) for calls in placed.values())
+    if not known:
+        return ""
+    parts = []
+    if placed["g"]:
+        functions = _and(sorted({name for _, name, _, _ in placed["g"]}))
+        summed = _and([layer + "'s" for layer in sorted(
+            {layer for _, _, feeds, _ in placed["g"] for layer in feeds if layer in ROW_LAYERS})])
+        parts.append(f"{len(placed['g'])} ran in the backward of {functions} (g, which sums "
+                     f"{summed} partial outputs), which "
+                     "passes its gradient through unchanged")
+    if placed["f"]:
+        functions = _and(sorted({name for _, name, _, _ in placed["f"]}))
+        distinct = {seq: reads for seq, _, _, reads in placed["f"]}
+        text = f"{len(placed['f'])} ran in the backward of {functions} (f)"
+        halves = [sum(any(layer.startswith(half + ".") for layer in reads)
+                      for reads in distinct.values()) for half in HALVES]
+        if len(distinct) > 2 or max(halves) > 1:
+            readers = list(distinct.values())
+            readers.sort(key=lambda r: min(list(SPLITS).index(layer) if layer in SPLITS
+                                           else len(SPLITS) for layer in r) if r else 0)
+            text += (f", {len(distinct)} separate ones: " + (
+                f"one for each of {_and([r[0] for r in readers])}"
+                if all(len(r) == 1 for r in readers) else
+                "read by " + "; ".join(_and(r) for r in readers)))
+            if halves[0] > 1:
+                text += ". q, k and v read one input: one f for the three, where the " \
+                        "attention begins"
+            elif halves[1] > 1:
+                text += ". One f where the MLP begins"
+        elif len(placed["f"]) > len(distinct):
+            text += (f", {len(placed['f'])} times from {len(distinct)}: each f's backward "
+                     "all-reduces once")
+        else:
+            text += ", one where each half begins, as they should"
+        parts.append(text)
+    if placed[""]:
+        functions = _and(sorted({name for _, name, _, _ in placed[""]}))
+        feeds = sorted({layer for _, _, f, _ in placed[""] for layer in f})
+        reads = sorted({layer for _, _, _, r in placed[""] for layer in r})
+        parts.append(f"{len(placed[''])} ran in the backward of {functions}, between "
+                     f"{_and(feeds) if feeds else 'the input'} and "
+                     f"{_and(reads) if reads else 'the output'}: neither f nor g")
+    if known < len(reduces):
+        parts.append(f"{len(reduces) - known} where the grader cannot tell")
+    return "; ".join(parts)
 
 
 def _listed(calls: list[Call]) -> str:
@@ -336,12 +617,11 @@ def calls_cause(case: Case, log: RankLog, sequence: bool, forbidden_only: bool =
             if forbidden_only:
                 continue
             if len(reduces) != 2:
-                activations = all(c.elements == whole for c in reduces)
+                # In backward, where each ran says why; where that is not known, the count.
+                ran = _where_cause(log, reduces) if phase == "backward" else ""
                 return (f"{where}'s {phase} made {len(reduces)} all-reduces, not 2 "
                         f"(of {sorted(c.elements for c in reduces)} elements): "
-                        + ("q, k and v read one input: one f for the three, where the "
-                           "attention begins" if phase == "backward" and len(reduces) == 4
-                           and activations else contract))
+                        + (ran or contract))
             sizes = sorted(c.elements for c in reduces)
             if sizes != [whole, whole]:
                 return (f"{where}'s {phase} all-reduced {sizes} elements; each is the "
@@ -381,6 +661,91 @@ def calls_cause(case: Case, log: RankLog, sequence: bool, forbidden_only: bool =
             return (f"{where}'s {phase} reduce-scatters were handed "
                     f"{[c.elements for c in scatters]} elements; each takes the whole "
                     f"activation, {whole:,}")
+    return ""
+
+
+def _dims(shape: list) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def _nth(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else \
+        {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def collective_shape_cause(case: Case, log: RankLog) -> str:
+    """With SP, why the all-gather or reduce-scatter rank ``log.rank`` raised in could
+    not run, from the shapes it was handed (``Call.shape``, ``Call.into``) against those
+    that move the sequence; "" if it raised in neither, or their shapes are not known."""
+    call = log.blocked_in
+    gathers = call is not None and call.op in ALL_GATHERS
+    if call is None or not (gathers or call.op in REDUCE_SCATTERS) or not call.shape or \
+            not call.into:
+        return ""
+    n, batch, length, dim = world_size(case), BATCH, case.sizes["length"], case.sizes["dim"]
+    share = length // n
+    start = next((m.calls for m in log.marks if m.label == "backward"), None)
+    phase = "backward" if start is not None and call.seq >= start else "forward"
+    kind = ALL_GATHERS if gathers else REDUCE_SCATTERS
+    nth = sum(1 for c in _phase(log, phase, "after" if phase == "backward" else "backward")
+              if c.op in kind and c.seq <= call.seq)
+    what = "all-gather" if gathers else "reduce-scatter"
+    head = f"rank {log.rank}'s {_nth(max(nth, 1))} {what} in {phase}, {call.library()}, "
+    flat = all(isinstance(d, int) for d in call.shape)
+    into_flat = all(isinstance(d, int) for d in call.into)
+    sequence_first = (f"The sequence is dimension 1 of the rank's {_dims([batch, share, dim])} "
+                      f"slice ({share} of the {length} tokens): to gather it, put it first, a "
+                      f"{_dims([share, batch, dim])} slice into {_dims([length, batch, dim])}, "
+                      "and move it back after")
+    if call.op == "all_gather_into_tensor" and flat and into_flat:
+        needs = [n * call.shape[0], *call.shape[1:]]
+        return (head + f"was handed the rank's slice as {_dims(call.shape)} and an output of "
+                f"{_dims(call.into)}: it stacks the {n} ranks' tensors along their first "
+                f"dimension, so that output would be {_dims(needs)}"
+                + ("" if call.shape == [share, batch, dim] else ". " + sequence_first))
+    if gathers and flat and not into_flat:
+        return (head + f"was handed the rank's slice as {_dims(call.shape)} and "
+                f"{len(call.into)} outputs of {', '.join(_dims(d) for d in call.into)}: it "
+                f"takes {n} outputs, one a rank, each of the slice's shape; then "
+                "concatenate them along the sequence, dimension 1")
+    if call.op == "reduce_scatter_tensor" and flat and into_flat:
+        first = call.shape[0] if call.shape else 0
+        text = (head + f"was handed partial sums of {_dims(call.shape)} and an output of "
+                f"{_dims(call.into)}: it splits its input's first dimension {n} ways, "
+                + (f"so that output would be {_dims([first // n, *call.shape[1:]])}"
+                   if first % n == 0 else f"and {first} does not split {n} ways"))
+        if call.shape != [length, batch, dim]:
+            text += (f". The partial sums are the {_dims([batch, length, dim])} activation: "
+                     f"with the sequence first, {_dims([length, batch, dim])} into "
+                     f"{_dims([share, batch, dim])}")
+        if n * batch in call.shape and share in call.shape and length not in call.shape \
+                and n * batch not in (share, length):
+            text += (f". This one holds {n} × {batch} = {n * batch} along one dimension and "
+                     f"{share} tokens along another: the ranks' slices were put together "
+                     "along the batch, not the sequence")
+        return text
+    return ""
+
+
+def gathered_batch_cause(case: Case, log: RankLog) -> str:
+    """With SP, "" or the first all-gather in forward, by torch.distributed's function,
+    that stacked the ranks' (b, s/t, h) slices along the batch: what a forward that then
+    raised had gathered (an all-gather can do so rightly, and reorder after; told only
+    when the block raised)."""
+    n, batch, length, dim = world_size(case), BATCH, case.sizes["length"], case.sizes["dim"]
+    share = length // n
+    if batch == share:
+        return ""  # the shapes cannot tell the batch from the sequence
+    for nth, call in enumerate((c for c in _phase(log, "forward", "backward")
+                                if c.op in ALL_GATHERS), 1):
+        if call.op == "all_gather_into_tensor" and not call.via and \
+                call.shape == [batch, share, dim] and call.into == [n * batch, share, dim]:
+            return (f"its {_nth(nth)} all-gather in forward stacked the ranks' "
+                    f"{_dims(call.shape)} slices along dimension 0, the batch, into "
+                    f"{_dims(call.into)}. The sequence is dimension 1 ({share} tokens a "
+                    f"rank): put it first, a {_dims([share, batch, dim])} slice into "
+                    f"{_dims([length, batch, dim])}, and move it back after")
     return ""
 
 
@@ -433,6 +798,15 @@ def activations_cause(case: Case, log: RankLog) -> str:
     return ""
 
 
+# The prefix torch's C++ logging puts before a failed check's words: which rank, a time
+# stamp and a source line, different each run.
+LOG_PREFIX = re.compile(r"\[rank\d+\]:\[[A-Z]\d{4} [\d:.]+ [^\]]*\] ")
+
+
+def _error_words(error: object) -> str:
+    return LOG_PREFIX.sub("", str(error)).strip()
+
+
 def _grade(sequence: bool):
     def grade(case: Case, inputs: list[tuple], outputs: list[object],
               logs: list[RankLog]) -> CaseResult:
@@ -456,16 +830,25 @@ def _grade(sequence: bool):
                 cause = calls_cause(case, log, sequence, forbidden_only=True)
                 phase = "backward" if any(m.label == "backward" for m in log.marks) \
                     else "forward"
+                shapes = collective_shape_cause(case, log) if sequence else ""
+                if shapes and not cause:
+                    return CaseResult(case, Comparison(False, cause=(
+                        f"{shapes}; it raised {_error_words(raised.data.get('error'))}")))
+                if sequence and not cause and phase == "forward":
+                    cause = gathered_batch_cause(case, log)
                 return CaseResult(case, Comparison(False, cause=(
-                    f"rank {log.rank} raised {raised.data.get('error')} in the block's "
+                    f"rank {log.rank} raised {_error_words(raised.data.get('error'))} in the "
+                    "block's "
                     f"{phase}" + (f"; before it, {cause}" if cause else ""))))
         for log in logs:
             cause = weights_cause(case, log) or calls_cause(case, log, sequence)
             if cause:
                 return CaseResult(case, Comparison(False, cause=cause))
         setup, x, grad = inputs[0]
-        wrong, error = numbers_cause(case, reference(setup, x, grad), outputs, logs,
-                                     sequence)
+        want = reference(setup, x, grad)
+        wrong, error = numbers_cause(case, want, outputs, logs, sequence)
+        if wrong and sequence:
+            wrong = order_cause(case, want, logs) or wrong
         seen = Comparison(not wrong, rel_error=error, cause=wrong)
         if wrong or not sequence:
             return CaseResult(case, seen)

@@ -2,8 +2,9 @@
 
 Inside a rank, ``install()`` replaces the point-to-point and collective functions of
 ``torch.distributed`` with wrappers that append one JSON line per event to the rank's
-log: a call starting (which, to or from whom, how many bytes, from which line of the
-learner's code), a blocking call or a wait ending, the candidate returning or raising.
+log: a call starting (which, to or from whom, how many bytes, the shapes of what it was
+handed, from which line of the learner's code, and in backward from which autograd node's
+backward), a blocking call or a wait ending, the candidate returning or raising.
 That log is what the grader reads after the case: the calls, in order, to grade the
 algorithm and not only the answer. It is also the rank's last word: a rank killed at the
 time limit leaves as its last open event the call it was blocked in, which is how the
@@ -189,6 +190,14 @@ class Call:
     # For an asynchronous call: its handle was let go (overwritten, or never kept) with
     # no wait() on it, nor any other way to learn that the call had ended.
     dropped: bool = False
+    # The shape of what it was handed to send, and of the output it was handed, if any
+    # (a list of shapes for a list of tensors): what a shape error in the library was
+    # about.
+    shape: list | None = None
+    into: list | None = None
+    # Made in backward: the autograd node whose backward was running, (name, sequence
+    # number), e.g. ("CopyToParallelBackward", 12). None in forward.
+    node: tuple[str, int] | None = None
 
     @property
     def is_send(self) -> bool:
@@ -311,6 +320,26 @@ def _size(value: object) -> tuple[int, int, str]:
     return 0, 0, ""
 
 
+def _shape(value: object) -> list | None:
+    """A tensor's shape, a list of them for a list of tensors; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (list, tuple)) and value and \
+            all(isinstance(item, torch.Tensor) for item in value):
+        return [list(item.shape) for item in value]
+    return None
+
+
+def _node() -> list | None:
+    """The autograd node whose backward is running on this thread, [name, sequence
+    number]; None outside backward."""
+    try:
+        node = torch._C._current_autograd_node()
+        return None if node is None else [node.name(), int(node._sequence_nr())]
+    except (AttributeError, RuntimeError, TypeError):  # a torch without these
+        return None
+
+
 def digest(tensor: object) -> list[float] | None:
     """What a message carried, in three float64 numbers: the sum of its values, their sum
     weighted by place (1, 2, 3, …) and the sum of their magnitudes. The grader computes
@@ -327,13 +356,14 @@ def digest(tensor: object) -> list[float] | None:
 
 
 def _begin(op: str, tensor: object, peer: int | None, blocking: bool, via: str = "",
-           carried: bool = False, group: str = "") -> int:
+           carried: bool = False, group: str = "", into: object = None) -> int:
     global _seq
     seq, _seq = _seq, _seq + 1
     elements, size, dtype = _size(tensor)
     event = {"e": "call", "seq": seq, "op": op, "peer": peer, "elements": elements,
              "bytes": size, "dtype": dtype, "blocking": blocking, "at": _learners_line(),
-             "via": via, "t": time.monotonic()}
+             "via": via, "t": time.monotonic(), "shape": _shape(tensor),
+             "into": _shape(into), "node": _node()}
     if carried:
         event["digest"] = digest(tensor)
     if group:
@@ -447,6 +477,8 @@ def _point_to_point(name: str, original):
 SENT = ("tensor", "input", "input_tensor", "tensors", "input_list", "input_tensor_list", "obj",
         "object_list")
 SENT_FUNCTIONAL = ("self", "inputs", "input", "tensor")
+# The argument a collective writes its result into, where it has one.
+INTO = ("output_tensor", "output", "tensor_list", "output_tensor_list", "output_tensor_lists")
 
 
 def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
@@ -465,8 +497,9 @@ def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
         except TypeError:
             return original(*args, **kwargs)
         tensors = next((given[key] for key in sent if key in given), None)
+        into = next((given[key] for key in INTO if key in given), None)
         asynchronous = bool(given.get("async_op", False))
-        seq = _begin(op or name, tensors, None, blocking=not asynchronous, via=via)
+        seq = _begin(op or name, tensors, None, blocking=not asynchronous, via=via, into=into)
         result = _inner(original, *args, **kwargs)
         if asynchronous and result is not None:
             return Request(result, [seq])
@@ -740,7 +773,9 @@ def parse(text: str, rank: int) -> RankLog:
                         event["bytes"], event["dtype"], event["blocking"],
                         at=tuple(event["at"]) if event.get("at") else None,
                         via=event.get("via", ""), started=event.get("t", 0.0),
-                        digest=_digest(event.get("digest")), group=event.get("group", ""))
+                        digest=_digest(event.get("digest")), group=event.get("group", ""),
+                        shape=_shapes(event.get("shape")), into=_shapes(event.get("into")),
+                        node=_node_read(event.get("node")))
             if call.is_point_to_point:
                 call.step = steps[call.is_send]
                 steps[call.is_send] += 1
@@ -781,6 +816,24 @@ def parse(text: str, rank: int) -> RankLog:
     log.waiting_for = [by_seq[seq] for seq in waiting if seq in by_seq]
     log.last = log.calls[-1] if log.calls else None
     return log
+
+
+def _shapes(value: object) -> list | None:
+    """A shape, or a list of shapes, as the log holds it: lists of ints."""
+    def one(shape: object) -> bool:
+        return isinstance(shape, list) and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in shape)
+    if one(value) or (isinstance(value, list) and value and all(one(v) for v in value)):
+        return value
+    return None
+
+
+def _node_read(value: object) -> tuple[str, int] | None:
+    """An autograd node as the log holds it: [name, sequence number]."""
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and \
+            isinstance(value[1], int) and not isinstance(value[1], bool):
+        return (value[0], value[1])
+    return None
 
 
 def _digest(value: object) -> tuple[float, float, float] | None:
