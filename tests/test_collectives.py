@@ -371,6 +371,49 @@ def test_a_function_that_cannot_go_to_the_ranks_says_why():
         "cannot be copied to another process" in result.causes[0], result.causes[0]
 
 
+def c10d_ring(x: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """The ring written on c10d's own operators, with the boxed process group."""
+    group = dist.distributed_c10d._get_default_group().boxed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = x.reshape(-1).clone()
+    chunks = flat.tensor_split(world)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for gathering in (False, True):
+        for step in range(world - 1):
+            mine, theirs = (rank - step + gathering) % world, (rank - step - 1 + gathering) % world
+            arrived = torch.empty_like(chunks[theirs])
+            sent = torch.ops.c10d.send([chunks[mine].clone()], group, right, 0)
+            torch.ops.c10d.recv_([arrived], group, left, 0).wait()
+            sent.wait()
+            chunks[theirs].copy_(arrived) if gathering else chunks[theirs].add_(arrived)
+    out = flat.view_as(x)
+    return out / world if average else out
+
+
+def gathers_through_c10d(x: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """Every rank's tensor by c10d's all-gather operator, summed at home."""
+    world = dist.get_world_size()
+    gathered = torch.empty(world * x.numel(), dtype=x.dtype)
+    _, work = torch.ops.c10d._allgather_base_(
+        gathered, x.reshape(-1), dist.distributed_c10d._get_default_group().boxed(), False, -1)
+    work.wait()
+    total = gathered.view(world, -1).sum(0).view_as(x)
+    return total / world if average else total
+
+
+def test_c10d_s_operators_called_directly_are_recorded_as_the_calls_they_are():
+    """torch.ops.c10d with a boxed group goes past torch.distributed's functions: its
+    operators are recorded at the dispatcher. A ring on them passes on its messages, and
+    an all-gather through them is the library call it is (it was recorded as nothing)."""
+    spec = get_problem("collectives/ring_allreduce")
+    result = grade(spec, c10d_ring)
+    assert result.passed, result.message()
+    result = grade(spec, gathers_through_c10d)
+    assert not result.passed
+    assert "calls all_gather_into_tensor (torch.ops.c10d directly)" in result.causes[0], \
+        result.causes[0]
+
+
 def test_a_function_that_names_torch_s_operators_travels_to_the_ranks():
     """torch.ops' namespaces and operators hold C++ handles no pickle copies: they travel
     by name. Before, naming one failed as "cannot pickle '_Ops' object"."""

@@ -31,7 +31,9 @@ method of a process group called but the ``SILENT_METHODS``; so what a newer tor
 is recorded, and reported as a library call, until it is classified here. So are the
 functional collectives that DTensor issues (``FUNCTIONAL``), and the operators under them
 (``OPERATORS``, torch.ops._c10d_functional), under the name of the collective each one
-is: a tensor-parallel plan of PyTorch's is graded on its calls as a learner's is.
+is: a tensor-parallel plan of PyTorch's is graded on its calls as a learner's is. Last,
+every c10d operator called from Python (``torch.ops.c10d.<name>``, with a boxed process
+group) is recorded as the call it is (``C10D``).
 """
 
 from __future__ import annotations
@@ -219,6 +221,8 @@ class Call:
             return f"dist.{self.op}(…)"
         if self.op in INTERNALS:
             return f"dist.distributed_c10d.{self.op}()"
+        if self.via == C10D_VIA:
+            return f"{self.op} (torch.ops.c10d directly)"
         if "." in self.op:
             where = " on a group of its own" if self.group == OWN else " directly"
             return self.op + where
@@ -510,24 +514,29 @@ def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
 
 
 class _RecordedOperator:
-    """A c10d functional operator (the overload packet, or one overload of it) whose calls
-    are recorded as the collective it is; everything else about it is the operator's."""
+    """A c10d operator, functional or not (the overload packet, or one overload of it),
+    whose calls are recorded as the collective it is; everything else about it is the
+    operator's."""
 
-    def __init__(self, operator: object, op: str):
-        self._operator, self._op = operator, op
+    def __init__(self, operator: object, op: str, via: str = OPERATOR_VIA):
+        self._operator, self._op, self._via = operator, op, via
 
     def __call__(self, *args, **kwargs):
         if _depth():
             return self._operator(*args, **kwargs)
-        seq = _begin(self._op, args[0] if args else None, None, blocking=True,
-                     via=OPERATOR_VIA)
+        tensor = args[0] if args else None
+        if isinstance(tensor, (list, tuple)) and len(tensor) == 1:
+            tensor = tensor[0]  # c10d's operators take a list of tensors
+        peer = args[2] if self._op in POINT_TO_POINT and len(args) > 2 else None
+        seq = _begin(self._op, tensor, peer if isinstance(peer, int) else None,
+                     blocking=True, via=self._via, carried=self._op in SENDS)
         result = _inner(self._operator, *args, **kwargs)
         emit({"e": "done", "seq": seq, "t": time.monotonic()})
         return result
 
     def __getattr__(self, name: str):
         value = getattr(self._operator, name)
-        return _RecordedOperator(value, self._op) if isinstance(
+        return _RecordedOperator(value, self._op, self._via) if isinstance(
             value, torch._ops.OpOverload) else value
 
 
@@ -543,6 +552,37 @@ def _install_operators() -> None:
             except (AttributeError, RuntimeError):  # not in this torch
                 continue
             setattr(namespace, name, _RecordedOperator(operator, op))
+    for name in c10d_operators():
+        if name not in C10D_SILENT:
+            setattr(torch.ops.c10d, name, _RecordedOperator(
+                getattr(torch.ops.c10d, name), C10D.get(name, f"c10d.{name}"), C10D_VIA))
+
+
+# Every collective and message of a process group is a c10d operator at the dispatcher,
+# which the functions above call from C++. Called from Python, as torch.ops.c10d.<name>
+# with a boxed group, they go past those functions: each is recorded as the function of
+# torch.distributed it is, and one not listed (a newer torch's) under its own name, as
+# c10d.<name> (deny by default). (c10d::check_for_nan moves nothing.)
+C10D = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
+    "allgather_coalesced_": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced_": "all_gather_into_tensor",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor", "broadcast_": "broadcast",
+    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single", "barrier": "barrier",
+    "monitored_barrier_": "monitored_barrier", "send": "send", "recv_": "recv",
+    "recv_any_source_": "recv",
+}
+C10D_SILENT = frozenset({"check_for_nan"})
+C10D_VIA = "torch.ops.c10d"
+
+
+def c10d_operators() -> list[str]:
+    """The names of the c10d operators registered in this torch."""
+    return sorted(name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("c10d::"))
 
 
 def _install_functional() -> None:

@@ -79,8 +79,10 @@ def pack(function: Callable, harness: Callable | None = None) -> bytes:
 
 
 def _dumps(item: object) -> bytes:
-    """cloudpickle's bytes for ``item``, the operators of ``torch.ops`` sent by name (they
-    hold C++ handles, which no pickle copies; each process has its own by that name)."""
+    """cloudpickle's bytes for ``item``, the operators of ``torch.ops`` and the namespaces
+    of ``torch.classes`` sent by name (they hold C++ handles, which no pickle copies; each
+    process has its own by that name). cloudpickle sends them when a function names
+    them, as submodules of torch."""
     import io
 
     import cloudpickle
@@ -90,6 +92,9 @@ def _dumps(item: object) -> bytes:
             name = _torch_op_name(obj)
             if name is not None:
                 return torch_op, (name,)
+            space = _torch_classes_name(obj)
+            if space is not None:
+                return torch_classes, (space,)
             return super().reducer_override(obj)
 
     buffer = io.BytesIO()
@@ -114,6 +119,26 @@ def _torch_op_name(obj: object) -> str | None:
         packet = obj.overloadpacket._qualified_op_name.replace("::", ".")
         return f"{packet}.{obj._overloadname}"
     return None
+
+
+def _torch_classes_name(obj: object) -> str | None:
+    """"" for ``torch.classes``, a namespace's name for one of its namespaces (as
+    ``torch.classes.c10d``), else None: like ``torch.ops``, modules no pickle copies."""
+    classes = getattr(sys.modules.get("torch"), "_classes", None)
+    if classes is None:
+        return None
+    if isinstance(obj, classes._Classes):
+        return ""
+    if isinstance(obj, classes._ClassNamespace):
+        return obj.name
+    return None
+
+
+def torch_classes(name: str) -> object:
+    """``torch.classes``, or its namespace ``name``, in this process."""
+    import torch
+
+    return getattr(torch.classes, name) if name else torch.classes
 
 
 def torch_op(name: str) -> object:
