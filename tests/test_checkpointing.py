@@ -151,3 +151,75 @@ def test_what_hooks_pack_into_bytes_is_counted_too():
         y = torch.sin(x)
     assert live().bytes - before >= 2 * 64 * 64 * 4  # y, and the bytes of x
     y.sum().backward()
+
+
+# --- activations kept out of the memory count's old sight --------------------------------
+
+def _kept_elsewhere(pack, unpack):
+    """No checkpoint: each block's activations are kept, packed by ``pack`` and read back
+    by ``unpack``; the block runs again in backward (under no_grad, for show), so the layers
+    do run there."""
+    def checkpoint_blocks(model):
+        for block in model.blocks:
+            run = block.forward
+
+            def forward(x, run=run):
+                with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                    out = run(x)
+                if out.requires_grad:
+                    seen = x.detach()
+
+                    def again(grad, seen=seen, run=run):
+                        with torch.no_grad():
+                            run(seen)
+                    out.register_hook(again)
+                return out
+
+            block.forward = forward
+        return model
+    return checkpoint_blocks
+
+
+def _to_storage(tensor):
+    kept = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return kept.untyped_storage(), kept.dtype, kept.shape
+
+
+def _from_storage(packed):
+    storage, dtype, shape = packed
+    return torch.tensor([], dtype=dtype).set_(storage).view(shape)
+
+
+def _to_disk(tensor):
+    import tempfile
+
+    path = tempfile.mktemp(suffix=".pt")
+    torch.save(tensor.detach().clone(), path)
+    return path
+
+
+KEPT_ELSEWHERE = [
+    ("as bare storages", _to_storage, _from_storage, "of activations were alive"),
+    ("on disk", _to_disk, torch.load, "a file written during this check"),
+]
+
+
+@pytest.mark.parametrize("name, pack, unpack, words", KEPT_ELSEWHERE,
+                         ids=[k[0] for k in KEPT_ELSEWHERE])
+def test_activations_kept_outside_tensors_are_no_checkpoint(name, pack, unpack, words):
+    result = grade(first_case(), _kept_elsewhere(pack, unpack))
+    assert not result.passed
+    assert words in causes(result), causes(result)
+
+
+def test_a_byte_stream_and_a_bare_storage_are_counted():
+    """What a hook can keep a tensor's values in, besides a tensor: both are alive, and
+    counted (neither was)."""
+    import io
+
+    before = live().bytes
+    kept = [io.BytesIO(torch.randn(128, 128).numpy().tobytes()),
+            torch.randn(128, 128).untyped_storage()]
+    assert live().bytes - before >= 2 * 128 * 128 * 4
+    kept[0].close()
+    assert live().bytes - before < 2 * 128 * 128 * 4

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -79,7 +80,7 @@ def check_ranks(spec: RanksProblem, candidate: Callable, seed: int,
             continue
         outputs = [rank.output for rank in run.ranks]
         assert spec.grade is not None, f"{spec.id}: a RanksProblem needs grade"
-        judged = spec.grade(case, inputs[index], outputs, [rank.log for rank in run.ranks])
+        judged = judge(spec, case, inputs[index], outputs, [rank.log for rank in run.ranks])
         if not judged.ok:
             judged.details += report.printed(run)
             judged.advice = report.unwaited(run, files) or judged.advice
@@ -97,6 +98,23 @@ def case_inputs(spec: RanksProblem, seed: int) -> tuple[list[Case], list[list[tu
     inputs = [spec.make_inputs(case, torch.Generator().manual_seed(seed + index),
                                torch.device("cpu")) for index, case in enumerate(cases)]
     return cases, inputs
+
+
+def judge(spec: RanksProblem, case: Case, inputs: list[tuple], outputs: list[object],
+          logs: list[record.RankLog]) -> CaseResult:
+    """The problem's verdict on a case, and the rule every problem on ranks shares: what a
+    rank keeps or sends is in its memory or its messages, where the grader counts it, not
+    in a file it wrote during the check and read back."""
+    assert spec.grade is not None, f"{spec.id}: a RanksProblem needs grade"
+    judged = spec.grade(case, inputs, outputs, logs)
+    reread = next(((log.rank, path, at) for log in logs for path, at in log.reread), None)
+    if judged.ok and reread is not None:
+        rank, path, at = reread
+        where = f" (at {Path(at[0]).name}:{at[1]})" if at and len(at) >= 2 else ""
+        judged.error = (f"rank {rank} read {path}, a file written during this check{where}: "
+                        "what a rank keeps, or hands another rank, must stay in its memory "
+                        "or go in its messages, where the grader counts it")
+    return judged
 
 
 def kept(outputs: list[object], logs: list[record.RankLog]) -> dict:
@@ -118,7 +136,7 @@ def recheck_ranks(spec: RanksProblem, saved: object, seed: int) -> str:
             return f"no answer for {case.label} reached the grader"
         outputs, logs = answer
         try:
-            judged = spec.grade(case, inputs[index], outputs, logs)
+            judged = judge(spec, case, inputs[index], outputs, logs)
         except Exception as error:  # noqa: BLE001 (what came back is not what ranks return)
             return (f"wrong on {case.label}: the grader could not judge what its ranks "
                     f"returned ({type(error).__name__}: {error})")

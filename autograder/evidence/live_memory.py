@@ -7,15 +7,18 @@ graph still holds. So the grader counts the whole process instead, before and af
 the difference is what the candidate kept.
 
 Found are: every live tensor (the garbage collector tracks them all), the tensors saved
-in the autograd graph of any of them, and the numpy arrays, ``bytes`` and ``bytearray``
-objects held by any container (those are not tracked themselves, so they are found as
-what a tracked object refers to). Memory is counted by address range, so views of one
-storage, and numpy arrays sharing a tensor's memory, count once.
+in the autograd graph of any of them, bare storages, in-memory byte streams
+(``io.BytesIO``), and the numpy arrays, ``bytes`` and ``bytearray`` objects held by any
+container (those are not tracked themselves, so they are found as what a tracked object
+refers to). A file on disk is no memory: on ranks, one written and read back during a
+check is evidence of its own (``ranks/record.py``). Memory is counted by address range,
+so views of one storage, and numpy arrays sharing a tensor's memory, count once.
 """
 
 from __future__ import annotations
 
 import gc
+import io
 import sys
 import sysconfig
 import types
@@ -24,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+# Storages kept bare, without a tensor over them (``tensor.untyped_storage()``).
+STORAGES = (torch.UntypedStorage, torch.TypedStorage)
 
 try:
     from torch.distributed.tensor import DTensor
@@ -68,12 +74,25 @@ def _array_range(array: np.ndarray) -> tuple[str, int, int] | None:
     return "cpu", root.__array_interface__["data"][0], root.nbytes
 
 
+def _storage_range(storage: object) -> tuple[str, int, int] | None:
+    """A bare storage's memory (one kept without a tensor over it)."""
+    try:
+        size = storage.nbytes()
+        if size == 0 or storage.device.type == "meta":
+            return None
+        return str(storage.device), storage.data_ptr(), size
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
 def _buffer_range(item: object) -> tuple[str, int, int] | None:
     if isinstance(item, torch.Tensor):
         return _tensor_range(item)
     if isinstance(item, np.ndarray):
         return _array_range(item)
-    return ("cpu", id(item), sys.getsizeof(item))  # bytes, bytearray
+    if isinstance(item, STORAGES):
+        return _storage_range(item)
+    return ("cpu", id(item), sys.getsizeof(item))  # bytes, bytearray, a byte stream
 
 
 def _saved_by_autograd(tensor: torch.Tensor, seen: set[int]) -> list[object]:
@@ -140,6 +159,15 @@ def _ranges() -> list[tuple[str, int, int]]:
                 ranges.append(found)
         elif issubclass(kind, (bytes, bytearray)) and len(item) >= 64:
             ranges.append(("cpu", id(item), sys.getsizeof(item)))
+        elif issubclass(kind, STORAGES):
+            found = _storage_range(item)
+            if found:
+                ranges.append(found)
+        elif issubclass(kind, io.BytesIO):  # its buffer, which sizeof counts
+            try:
+                ranges.append(("cpu", id(item), sys.getsizeof(item)))
+            except ValueError:  # closed: it holds nothing
+                pass
 
     # Untracked objects are reached through what refers to them; that includes untracked
     # containers (a dict or tuple holding only atomic values is not tracked either).

@@ -95,6 +95,7 @@ def main(job_folder: str, parent: int | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _end_on_term)
     record.install()  # before the function is loaded: its globals must see the wrappers
+    record.watch_files((job_dir / "job.json").stat().st_mtime_ns)
     for module in job.get("preload", ()):
         importlib.import_module(module)
     try:

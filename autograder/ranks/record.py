@@ -264,6 +264,8 @@ class RankLog:
     waiting_at: tuple[str, int, str] | None = None  # the learner's line that waits
     last: Call | None = None  # its last call, when it was in none
     marks: list[Mark] = field(default_factory=list)  # what the grader's own code noted
+    # Files it read that were written during the check: (path, the learner's line).
+    reread: list[tuple[str, tuple | None]] = field(default_factory=list)
     # The log as the rank wrote it, one JSON event a line: what ``parse`` reads back, and
     # what a grader in another process is sent to judge the calls again.
     text: str = field(default="", repr=False, compare=False)
@@ -503,7 +505,10 @@ def _collective(name: str, original, op: str = "", sent: tuple[str, ...] = SENT,
         tensors = next((given[key] for key in sent if key in given), None)
         into = next((given[key] for key in INTO if key in given), None)
         asynchronous = bool(given.get("async_op", False))
-        seq = _begin(op or name, tensors, None, blocking=not asynchronous, via=via, into=into)
+        # What it was handed is digested too: an all-reduce's partial sums, say, which
+        # the grader can hold to what the algorithm must contribute.
+        seq = _begin(op or name, tensors, None, blocking=not asynchronous, via=via, into=into,
+                     carried=True)
         result = _inner(original, *args, **kwargs)
         if asynchronous and result is not None:
             return Request(result, [seq])
@@ -617,6 +622,50 @@ def _batch(original):
 
 
 _watching = False
+
+
+# Files: a rank that writes what it should keep in memory (activations, whole weights) or
+# send (partial sums) to a file and reads it back hides it from the memory count and from
+# its messages. So from the start of the check (``watch_files``) every file the candidate
+# opens to read is looked at: one written since then is logged (``reread``), for the
+# grader to fail. Python's own and the libraries' files are not the candidate's keeping.
+_files_since: int | None = None  # st_mtime_ns from which a file counts as the check's
+_reread: set[str] = set()
+SYSTEM_FILES = (sys.prefix, sys.base_prefix, "/proc", "/sys", "/dev", "/usr", "/etc")
+
+
+def watch_files(since_ns: int) -> None:
+    """Log, while the candidate runs, each file it reads that was written after
+    ``since_ns`` (an st_mtime_ns): once per file. Installed once a process: an audit hook
+    cannot be removed."""
+    global _files_since
+    if _files_since is None:
+        sys.addaudithook(_audit)
+    _files_since = since_ns
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event != "open" or not _watching or _depth() or _files_since is None:
+        return
+    path, mode, flags = (tuple(args) + (None, None, None))[:3]
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return  # a file descriptor: opened before, by a path seen then
+    if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR) and not (
+            flags & os.O_RDWR):
+        return  # written, not read
+    if isinstance(mode, str) and not any(c in mode for c in "r+"):
+        return
+    name = os.fsdecode(path)
+    try:
+        written = os.stat(name).st_mtime_ns
+    except OSError:
+        return
+    full = os.path.abspath(name)
+    if written < _files_since or full in _reread or full.startswith(
+            tuple(str(Path(p)) for p in (*SYSTEM_FILES, *NOT_LEARNER))):
+        return
+    _reread.add(full)
+    emit({"e": "reread", "path": full, "at": _learners_line(), "t": time.monotonic()})
 
 
 def watch(on: bool = True) -> None:
@@ -849,6 +898,8 @@ def parse(text: str, rank: int) -> RankLog:
             log.raised = event
         elif kind == "failed":
             log.failed = event["text"]
+        elif kind == "reread" and isinstance(event.get("path"), str):
+            log.reread.append((event["path"], tuple(event["at"]) if event.get("at") else None))
         elif kind == "mark":
             log.marks.append(Mark(event["label"], event["calls"], event.get("data", {}),
                                   event.get("t", 0.0)))
