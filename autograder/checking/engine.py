@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -332,10 +333,13 @@ def check(
         return _finish(spec, _compile_only(candidate, result), show, raise_on_failure,
                        candidate, scratch)
 
-    for index, case, again in _runs(spec, on_gpu, seed, graded):
+    runs = _runs(spec, on_gpu, seed, graded)
+    estimate = _Estimate(spec, runs, show and device_layer.interpreter_enabled())
+    for index, case, again in runs:
         if device_layer.interpreter_enabled() and case.dtype in INTERPRETER_SKIPS:
             result.skipped.append(f"{case.label}: {INTERPRETER_SKIPS[case.dtype]}")
             continue
+        estimate.case_begins()
         generator = torch.Generator(device=dev).manual_seed(seed + index)
         attempt = CaseRun(spec, case, generator, dev)
         out = run.output_buffer(case)
@@ -654,6 +658,48 @@ def _runs(spec: Problem, on_gpu: bool, seed: int, graded: bool
         cheapest = min(runnable, key=lambda case: spec.cost(case).bytes)
         runs.append((len(cases), cheapest, True))
     return runs
+
+
+LONG_CHECK_S = 60.0  # a check expected to take longer says so once its first case is done
+
+
+class _Estimate:
+    """How long the rest of a check will take in the interpreter, said once, after its
+    second case, where that is more than ``LONG_CHECK_S``: a case's time as a fixed cost
+    plus a cost per byte it moves, both fitted to the first two. A kernel the interpreter
+    runs slowly (``tl.sort`` costs seconds per thousand elements there) should not leave
+    the learner waiting in silence."""
+
+    def __init__(self, spec: Problem, runs: list, on: bool):
+        self.spec, self.on = spec, on
+        self.sizes = [spec.cost(case).bytes for _, case, _ in runs
+                      if case.dtype not in INTERPRETER_SKIPS]
+        self.times: list[float] = []
+        self.last = time.monotonic()
+
+    def case_begins(self) -> None:
+        """Called as each case that runs begins: the one before it has ended."""
+        now = time.monotonic()
+        if self.on and len(self.times) < 2 and self.seen_one:
+            self.times.append(now - self.last)
+            if len(self.times) == 2:
+                self._say()
+        self.seen_one, self.last = True, now
+
+    seen_one = False
+
+    def _say(self) -> None:
+        (t1, t2), (b1, b2) = self.times, self.sizes[:2]
+        per_byte = max((t2 - t1) / (b2 - b1), 0.0) if b2 != b1 else 0.0
+        fixed = max(min(t1, t2) - per_byte * min(b1, b2), 0.0)
+        rest = sum(fixed + per_byte * size for size in self.sizes[2:])
+        if rest > LONG_CHECK_S:
+            print(f"{self.spec.id}: its first cases took {t1:.1f} and {t2:.1f} s in "
+                  f"Triton's interpreter; the {len(self.sizes) - 2} others should take "
+                  f"about {f'{rest:.0f} s' if rest < 120 else f'{rest / 60:.0f} min'} "
+                  "more (each stops at its time limit). On a GPU "
+                  "the same check takes seconds; in the interpreter, tl.sort and loops over "
+                  "single elements cost most", flush=True)
 
 
 def _replayable(spec: Problem, output: object, steps: list, recording: Recording) -> bool:
