@@ -1,7 +1,8 @@
 """tp/block, tp/sequence and tp/plan: PyTorch's own tensor-parallel plan and a split written
 another way pass; each classic slip fails with its cause named; the verdict is the same
 for 20 draws of the weights and inputs; the functional collectives DTensor issues are
-recorded as the collectives they are.
+recorded as the collectives they are; right answers whose collectives carried zeros (the
+partial sums sent through files), twice their share, or one rank's whole sum fail, named.
 
 Slips are graded on the one case that shows them (3 ranks unless said), as in
 test_fsdp_cheats.py; the course's own solutions run every case in test_solutions.py."""
@@ -474,3 +475,139 @@ def test_the_plan_counts_the_concept_pages_model():
     assert math.isclose(tp.parallel_plan(4096, 32, 4096, 8, 8, 8, True)[0],
                         tp.parallel_plan(4096, 32, 4096, 8, 8, 8, False)[0])
 
+
+
+# --- what the collectives carried ---------------------------------------------------------------
+
+G_FORWARD = ("        total = partial.contiguous().clone()  # never all-reduce into a tensor "
+             "autograd saved\n        ### END KEY\n        dist.all_reduce(total)\n")
+
+
+def through_files(folder) -> tuple:
+    """g whose all-reduce carries zeros of the right size, while the partial sums travel
+    through files in ``folder``: each rank writes its own, then (the all-reduce of zeros
+    standing in for a barrier) reads every rank's and adds them up."""
+    return ((G_FORWARD,
+             "        import torch as _torch\n"
+             "        _CALLS.append(1)\n"
+             f"        folder = {str(folder)!r}\n"
+             "        step, rank = len(_CALLS), dist.get_rank()\n"
+             "        _torch.save(partial.detach().clone(), f'{folder}/{step}-{rank}.pt')\n"
+             "        dist.all_reduce(_torch.zeros_like(partial))\n"
+             "        total = sum(_torch.load(f'{folder}/{step}-{r}.pt')\n"
+             "                    for r in range(dist.get_world_size()))\n"
+             "        ### END KEY\n"),
+            ("class ReduceFromParallel(torch.autograd.Function):\n",
+             "_CALLS = []\n\n\nclass ReduceFromParallel(torch.autograd.Function):\n"))
+
+
+# What each all-reduce (or reduce-scatter) is handed, twice the rank's partial sum, halved
+# after: the answers come out right, the messages carry what no split sends.
+G_DOUBLED = ((G_FORWARD, "        total = partial.contiguous().clone() * 2\n        ### END KEY\n"
+              "        dist.all_reduce(total)\n        total = total / 2\n"),)
+F_DOUBLED = (("        grad = grad.contiguous()\n        ### KEY\n        dist.all_reduce(grad)\n",
+              "        grad = grad.contiguous() * 2\n        ### KEY\n"
+              "        dist.all_reduce(grad)\n        grad = grad / 2\n"),)
+SCATTER_DOUBLED = (("    dist.reduce_scatter_tensor(mine, local)\n",
+                    "    dist.reduce_scatter_tensor(mine, local * 2)\n    mine = mine / 2\n"),)
+BACKWARD_GATHER_DOUBLED = (("        return _gather_sequence(grad)\n",
+                            "        return _gather_sequence(grad * 2) / 2\n"),)
+GATHER_DOUBLED = (("    dist.all_gather_into_tensor(whole, local)\n",
+                   "    dist.all_gather_into_tensor(whole, local * 2)\n    whole = whole / 2\n"),)
+
+
+def test_partial_sums_sent_through_files_while_the_all_reduces_carry_zeros_fail(tmp_path):
+    """The block's numbers are right, its all-reduces of the right count and size, but
+    they carry zeros: what each rank handed its all-reduce is judged."""
+    folder = tmp_path / "exchange"
+    folder.mkdir()
+    module = mutant(tmp_path, "tensor_parallel", *through_files(folder))
+    result = grade(on("tp/block", 3), module.parallelize)
+    assert not result.passed
+    told = causes(result)
+    assert "1st all-reduce in forward (g, after attention.out) was handed only zeros, where " \
+        "it must carry its own partial sum" in told or "a file written during this check" \
+        in told, told
+
+
+def whole_sum_on_rank_0(folder) -> tuple:
+    """Each rank writes its partial sum to a file in ``folder``; rank 0 waits for them
+    all, and its all-reduce carries their sum less what the others carry, a constant:
+    the sum over the ranks is right, no rank's share is its partial sum."""
+    return ((G_FORWARD,
+             "        import os as _os\n        import time as _time\n"
+             "        import torch as _torch\n"
+             "        _CALLS.append(1)\n"
+             f"        folder = {str(folder)!r}\n"
+             "        step, rank = len(_CALLS), dist.get_rank()\n"
+             "        world = dist.get_world_size()\n"
+             "        _torch.save(partial.detach().clone(), f'{folder}/{step}-{rank}.tmp')\n"
+             "        _os.replace(f'{folder}/{step}-{rank}.tmp', f'{folder}/{step}-{rank}.pt')\n"
+             "        other = _torch.full_like(partial, 1e-3)\n"
+             "        total = other\n"
+             "        if rank == 0:\n"
+             "            names = [f'{folder}/{step}-{r}.pt' for r in range(world)]\n"
+             "            while not all(_os.path.exists(name) for name in names):\n"
+             "                _time.sleep(0.01)\n"
+             "            total = sum(_torch.load(name) for name in names) - (world - 1) * other\n"
+             "        dist.all_reduce(total)\n"
+             "        ### END KEY\n"),
+            ("class ReduceFromParallel(torch.autograd.Function):\n",
+             "_CALLS = []\n\n\nclass ReduceFromParallel(torch.autograd.Function):\n"))
+
+
+CARRIED_WRONG = [
+    ("g's all-reduce handed twice the partial sum", "tp/block", G_DOUBLED,
+     "the 1st all-reduce in forward (g, after attention.out) was handed values that do not "
+     "sum over the ranks to the attention's output: their sum over the ranks is 2 times what "
+     "one process gives: each rank's all-reduce must carry its own partial sum"),
+    ("f's all-reduce handed twice the gradient", "tp/block", F_DOUBLED,
+     "the 1st all-reduce in backward (f, where the MLP begins) was handed values that do not "
+     "sum over the ranks to the gradient at the MLP's input: their sum over the ranks is 2 "
+     "times what one process gives"),
+    ("the reduce-scatter handed twice the partial sum", "tp/sequence", SCATTER_DOUBLED,
+     "the 1st reduce-scatter in forward (g, after attention.out) was handed values that do "
+     "not sum over the ranks to the attention's output: their sum over the ranks is 2 times "
+     "what one process gives"),
+    ("the all-gather handed twice the slice", "tp/sequence", GATHER_DOUBLED,
+     "rank 0's 1st all-gather in forward (where the attention begins) was handed values "
+     "that are not the rank's slice of the attention's input: 2 times it"),
+    ("the all-gather in backward handed twice the gradient", "tp/sequence",
+     BACKWARD_GATHER_DOUBLED,
+     "rank 0's 1st all-gather in backward was handed values that are not the rank's slice "
+     "of the gradient at either half's output, nor of either half's input"),
+]
+
+
+@pytest.mark.parametrize("name, problem, edits, words", CARRIED_WRONG,
+                         ids=[c[0] for c in CARRIED_WRONG])
+def test_a_collective_that_carries_what_no_split_sends_fails_and_is_named(
+        tmp_path, name, problem, edits, words):
+    module = mutant(tmp_path, "tensor_parallel", *edits)
+    function = module.parallelize if problem == "tp/block" else module.parallelize_sequence
+    result = grade(on(problem, 3), function)
+    assert not result.passed
+    assert words in causes(result), causes(result)
+
+
+def test_what_the_all_reduces_carried_is_told_the_same_for_20_draws(tmp_path):
+    module = mutant(tmp_path, "tensor_parallel", *G_DOUBLED)
+    result = grade(on("tp/block", 2, copies=20), module.parallelize)
+    told = {case.explained for case in result.cases}
+    assert len(result.cases) == 20 and not any(case.ok for case in result.cases)
+    assert len(told) == 1 and "2 times what one process gives" in told.pop(), told
+
+
+
+def test_the_whole_sum_carried_by_one_rank_fails(tmp_path):
+    """Right answers, and all-reduces whose sum over the ranks is right, but rank 0's
+    carries the whole sum (learnt through files) and the others' a constant: each rank's
+    share is judged too."""
+    folder = tmp_path / "exchange"
+    folder.mkdir()
+    module = mutant(tmp_path, "tensor_parallel", *whole_sum_on_rank_0(folder))
+    result = grade(on("tp/block", 3), module.parallelize)
+    assert not result.passed
+    assert "rank 0's 1st all-reduce in forward (g, after attention.out) was handed values " \
+        "that are not its own partial sum (the ranks' sum is the attention's output, but " \
+        "not shared as the split shares it)" in causes(result), causes(result)

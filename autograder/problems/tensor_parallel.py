@@ -26,6 +26,14 @@ With sequence parallelism, rank r gets tokens [r·s/t, (r + 1)·s/t) of both. Gr
   says whether g's backward or one f too many made it; where a collective raised, the
   shapes it was handed (``Call.shape``, ``Call.into``) against those that move the
   sequence;
+* what the collectives carried, from the digest of what each rank handed each one
+  (``Call.digest``): each all-reduce (with SP each reduce-scatter) the rank's own
+  partial sum, which summed over the ranks is one process's output of the half's
+  row-parallel projection in forward and the gradient at the half's input in backward;
+  with SP each all-gather the rank's slice of the half's input in forward, and in
+  backward of the gradient at a half's output (or of its input, gathered again).
+  Answers that reached the ranks another way (a file) while the collectives carried
+  zeros or junk fail (``carried_cause``);
 * with SP, the order: what each half was handed (the harness's forward pre-hooks, after
   the learner's), row by row against one process's: the right rows in another order
   (slices gathered out of rank order, tokens interleaved) is said so;
@@ -309,25 +317,60 @@ def _parameter(block: torch.nn.Module, name: str) -> torch.Tensor:
 
 def reference(setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> dict[str, torch.Tensor]:
     """One process, in float64: the block's output, its input's gradient and every
-    parameter's gradient."""
+    parameter's gradient; and what the collectives must carry: each half's input, its
+    input's gradient and its output's, the input of each row-parallel layer, the
+    gradient at the output of each column-parallel layer and every split weight
+    (``carried_cause`` splits them into each rank's partial sums)."""
     dim, heads, seed, _ = setup
     halves: dict[str, torch.Tensor] = {}
 
     def seen(half: str):
         def hook(module, args) -> None:  # returns None: the input goes on as it is
-            halves.setdefault(half, args[0].detach().clone())
+            if f"{half} input" in halves:
+                return
+            halves[f"{half} input"] = args[0].detach().clone()
+            if args[0].requires_grad:
+                args[0].register_hook(kept(f"{half} input grad"))
+        return hook
+
+    def kept(name: str):
+        def hook(grad: torch.Tensor) -> None:
+            halves.setdefault(name, grad.detach().clone())
+        return hook
+
+    def row_input(name: str):
+        def hook(module, args) -> None:
+            halves.setdefault(f"{name} input", args[0].detach().clone())
+        return hook
+
+    def half_output(half: str):
+        def hook(module, args, output) -> None:
+            if output.requires_grad and f"{half} output grad" not in halves:
+                output.register_hook(kept(f"{half} output grad"))
+        return hook
+
+    def column_output(name: str):
+        def hook(module, args, output) -> None:
+            if output.requires_grad and f"{name} output grad" not in halves:
+                output.register_hook(kept(f"{name} output grad"))
         return hook
 
     with one_cpu_thread():
         block = make_block(dim, heads, seed).double()
         for half in HALVES:
             block.get_submodule(half).register_forward_pre_hook(seen(half))
+            block.get_submodule(half).register_forward_hook(half_output(half))
+        for name in ROW_LAYERS:
+            block.get_submodule(name).register_forward_pre_hook(row_input(name))
+        for name in COLUMN_LAYERS:
+            block.get_submodule(name).register_forward_hook(column_output(name))
         x = x.double().requires_grad_()
         output = block(x)
         output.backward(grad.double())
     found = {"output": output.detach(), "input": x.grad}
-    found.update((f"{half} input", given) for half, given in halves.items())
+    found.update(halves)
     found.update((name, _weight(block, name).grad) for name in SPLITS)
+    found.update((f"{name} weight", _weight(block, name).detach()) for name in SPLITS)
     found.update((name, block.get_parameter(name).grad) for name in NORMS)
     return found
 
@@ -664,6 +707,202 @@ def calls_cause(case: Case, log: RankLog, sequence: bool, forbidden_only: bool =
     return ""
 
 
+# --- what the collectives carried -----------------------------------------------------------------
+
+# float32 ranks against a float64 process: a digest's sums may be off by this much of the
+# magnitudes summed into them (rounding in another order, over a few hundred terms).
+CARRIED_RTOL = 1e-4
+
+
+def _partials(want: dict[str, torch.Tensor], half: str, forward: bool,
+              n: int) -> list[torch.Tensor]:
+    """Each rank's partial sum, in one process's numbers: forward, what its columns of the
+    half's row-parallel layer make of its slice of that layer's input; backward, what its
+    rows of the half's column-parallel layers make of its slice of their output's
+    gradient (the gradient at the half's input, before f sums it)."""
+    parts = []
+    for rank in range(n):
+        if forward:
+            name = ROW_LAYERS[HALVES.index(half)]
+            weight = _slice(want[f"{name} weight"], "row", rank, n)
+            columns = weight.shape[1]
+            given = want[f"{name} input"][..., rank * columns:(rank + 1) * columns]
+            parts.append(given @ weight.t())
+            continue
+        total = None
+        for name in COLUMN_LAYERS:
+            if not name.startswith(half + "."):
+                continue
+            weight = _slice(want[f"{name} weight"], "column", rank, n)
+            rows = weight.shape[0]
+            grad = want[f"{name} output grad"][..., rank * rows:(rank + 1) * rows]
+            total = grad @ weight if total is None else total + grad @ weight
+        parts.append(total)
+    return parts
+
+
+def _layouts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The orders a (b, s, h) tensor may be handed to a collective in, flattened: as it
+    is, or with the sequence first (to gather or scatter along dimension 0)."""
+    return [tensor.reshape(-1), tensor.movedim(1, 0).reshape(-1)]
+
+
+def _sums(flat: torch.Tensor) -> torch.Tensor:
+    """``record.digest``'s first two numbers, and what rounding may move each by: the sum
+    of magnitudes, plain and weighted by place."""
+    place = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+    size = flat.abs()
+    return torch.stack([flat.sum(), (flat * place).sum(), size.sum(), (size * place).sum()])
+
+
+def _carries(call: Call, part: torch.Tensor, times: int = 1) -> bool:
+    """Whether the call (with a digest) was handed ``times`` ``part``, in one layout."""
+    row = torch.tensor(call.digest[:2], dtype=torch.float64)
+    return any(bool(((row - times * way[:2]).abs() <= abs(times) * CARRIED_RTOL * way[2:] +
+                     1e-12).all()) for way in (_sums(flat) for flat in _layouts(part)))
+
+
+def _own_cause(calls: list[Call], parts: list[torch.Tensor], head: str, partial: str,
+               note: str = "") -> str:
+    """"" if each rank's call (``calls[r]``, with a digest) carried its own ``parts[r]``,
+    in one layout; else the first rank's that did not."""
+    for rank, (call, part) in enumerate(zip(calls, parts, strict=True)):
+        if _carries(call, part):
+            continue
+        expected, got = float(part.sum()), call.digest[0]
+        times = round(got / expected) if expected else 0
+        said = f"{times} times it" if times not in (0, 1) and _carries(call, part, times) \
+            else f"their sum is {got:.6g}, one process's {expected:.6g}"
+        return f"rank {rank}'s {head} was handed values that are not {partial}{note}: {said}"
+    return ""
+
+
+def _what_carried(calls: list[Call], parts: list[torch.Tensor], totals: list[torch.Tensor],
+                  head: str, kind: str, meant: str, partial: str) -> str:
+    """"" if the ranks' calls (one a rank, ``calls[r]`` handed ``parts[r]`` in one
+    process's numbers) carried what they must: summed over the ranks, the digest of one
+    of ``totals``, in one layout; each rank's own ``parts[r]`` where ``totals`` is empty.
+    Else why not, the call named by ``head`` ("1st all-reduce in forward (…)")."""
+    for rank, (call, part) in enumerate(zip(calls, parts, strict=True)):
+        if call.digest is None:
+            return (f"rank {rank}'s {head} has no record of what it was handed: the grader "
+                    f"cannot see that it carried {partial}")
+        if call.digest[2] == 0 and float(part.abs().sum()) > 0:
+            return (f"rank {rank}'s {head} was handed only zeros, where it must carry "
+                    f"{partial}: what the ranks returned did not come through it")
+    if not totals:
+        return _own_cause(calls, parts, head, partial)
+    got = torch.tensor([call.digest[:2] for call in calls], dtype=torch.float64)
+    summed = got.sum(0)
+
+    def within(times: int) -> bool:
+        """The sum over the ranks is ``times`` one of the totals, in some layout."""
+        for layout in range(2):
+            slack = CARRIED_RTOL * sum(_sums(_layouts(p)[layout])[2:] for p in parts)
+            for total in totals:
+                way = _sums(_layouts(total)[layout])
+                room = abs(times) * (slack + CARRIED_RTOL * way[2:]) + 1e-12
+                if bool(((summed - times * way[:2]).abs() <= room).all()):
+                    return True
+        return False
+
+    if within(1):
+        # And each rank its own: not one rank the whole sum, learnt another way.
+        return _own_cause(calls, parts, head, partial, note=(
+            f" (the ranks' sum is {meant}, but not shared as the split shares it)"))
+    expected = float(_sums(totals[0].reshape(-1))[0])
+    said = (f"their sum over the ranks is {float(summed[0]):.6g}, one process gives "
+            f"{expected:.6g}")
+    times = round(float(summed[0]) / expected) if expected else 0
+    if times not in (0, 1) and within(times):
+        said = f"their sum over the ranks is {times} times what one process gives"
+    return (f"the {head} was handed values that do not sum over the ranks to {meant}: "
+            f"{said}: each rank's {kind} must carry {partial}")
+
+
+ROLES = {("forward", "attention"): ("g, after attention.out", "the attention's output"),
+         ("forward", "mlp"): ("g, after mlp.down", "the MLP's output"),
+         ("backward", "mlp"): ("f, where the MLP begins", "the gradient at the MLP's input"),
+         ("backward", "attention"): ("f, where the attention begins",
+                                     "the gradient at the attention's input")}
+
+
+def carried_cause(case: Case, want: dict[str, torch.Tensor], logs: list[RankLog],
+                  sequence: bool) -> str:
+    """Why what the ranks handed their collectives is not what Megatron's split sends,
+    or "": each all-reduce (with SP each reduce-scatter) carries the rank's own partial
+    sum, so that over the ranks they sum to one process's output of the half (forward:
+    the projection, before the residual add) or to the gradient at its input
+    (backward); with SP each all-gather carries the rank's slice of the half's input
+    (forward) or of what ``_gathered_back_cause`` lists (backward). The calls' counts
+    and sizes are Megatron's (``calls_cause``) when this runs.
+    Judged on each call's digest (``record.digest``): a candidate whose answers came
+    another way (a file, say) while its collectives carried zeros or junk fails here."""
+    n = world_size(case)
+    reduces = REDUCE_SCATTERS if sequence else ("all_reduce",)
+    kind = "reduce-scatter" if sequence else "all-reduce"
+    for phase, until, halves in (("forward", "backward", HALVES),
+                                 ("backward", "after", HALVES[::-1])):
+        calls = [[c for c in _phase(log, phase, until) if c.op in reduces] for log in logs]
+        if any(len(c) != len(halves) for c in calls):
+            return ""  # counts are calls_cause's to judge
+        for nth, half in enumerate(halves):
+            role, meant = ROLES[(phase, half)]
+            parts = _partials(want, half, phase == "forward", n)
+            totals = [sum(parts[1:], parts[0]) if phase == "forward"
+                      else want[f"{half} input grad"]]
+            head = f"{_nth(nth + 1)} {kind} in {phase} ({role})"
+            cause = _what_carried([c[nth] for c in calls], parts, totals, head, kind, meant,
+                                  "its own partial sum")
+            if cause:
+                return cause
+        if sequence and phase == "forward":
+            gathers = [[c for c in _phase(log, phase, until) if c.op in ALL_GATHERS]
+                       for log in logs]
+            if any(len(c) != len(HALVES) for c in gathers):
+                return ""
+            for nth, half in enumerate(HALVES):
+                parts = [_sequence_slice(want[f"{half} input"], rank, n) for rank in range(n)]
+                named = {"attention": "the attention", "mlp": "the MLP"}[half]
+                head = f"{_nth(nth + 1)} all-gather in forward (where {named} begins)"
+                cause = _what_carried([c[nth] for c in gathers], parts, [], head,
+                                      "all-gather", "", f"the rank's slice of {named}'s input")
+                if cause:
+                    return cause
+        if sequence and phase == "backward":
+            cause = _gathered_back_cause(want, logs, n)
+            if cause:
+                return cause
+    return ""
+
+
+def _gathered_back_cause(want: dict[str, torch.Tensor], logs: list[RankLog], n: int) -> str:
+    """With SP, why an all-gather in backward did not carry what one carries there, or
+    "": the rank's slice of the gradient at a half's output (where the half's
+    reduce-scatter was, in forward), or, gathered again, of a half's input."""
+    keys = [f"{half} output grad" for half in HALVES] + [f"{half} input" for half in HALVES]
+    for log in logs:
+        rank = log.rank
+        parts = [_sequence_slice(want[key], rank, n) for key in keys]
+        gathers = [c for c in _phase(log, "backward", "after") if c.op in ALL_GATHERS]
+        for nth, call in enumerate(gathers, 1):
+            head = f"rank {rank}'s {_nth(nth)} all-gather in backward"
+            if call.digest is None:
+                return (f"{head} has no record of what it was handed: the grader cannot see "
+                        "what it carried")
+            if any(_carries(call, part) for part in parts):
+                continue
+            if call.digest[2] == 0:
+                return (f"{head} was handed only zeros, where it must carry the rank's slice "
+                        "of the gradient at a half's output: what the ranks returned did "
+                        "not come through it")
+            return (f"{head} was handed values that are not the rank's slice of the "
+                    "gradient at either half's output, nor of either half's input: it "
+                    "carries the gradient at the output of the half whose reduce-scatter it "
+                    "undoes (or, gathering the saved input again, the half's input)")
+    return ""
+
+
 def _dims(shape: list) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
@@ -849,14 +1088,14 @@ def _grade(sequence: bool):
         wrong, error = numbers_cause(case, want, outputs, logs, sequence)
         if wrong and sequence:
             wrong = order_cause(case, want, logs) or wrong
-        seen = Comparison(not wrong, rel_error=error, cause=wrong)
-        if wrong or not sequence:
-            return CaseResult(case, seen)
-        for log in logs:
-            cause = activations_cause(case, log)
-            if cause:
-                return CaseResult(case, seen, error=cause)
-        return CaseResult(case, seen)
+        if not wrong and sequence:
+            for log in logs:
+                cause = activations_cause(case, log)
+                if cause:
+                    return CaseResult(case, Comparison(True, rel_error=error), error=cause)
+        # Right answers, from collectives that carried them (or from a side channel).
+        wrong = wrong or carried_cause(case, want, logs, sequence)
+        return CaseResult(case, Comparison(not wrong, rel_error=error, cause=wrong))
     return grade
 
 
