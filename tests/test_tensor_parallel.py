@@ -184,6 +184,12 @@ SLIPS = [
          "        self.whole = linear.weight.detach()\n"
          "        self.weight = nn.Parameter(linear.weight.detach()[rank * rows:"),),
      "of tensors, more than 1/3 of its matrices"),
+    ("the whole weight kept in a library's module", "tp/block", (
+        ("        self.weight = nn.Parameter(linear.weight.detach()[rank * rows:",
+         "        import json\n"
+         "        json.__dict__.setdefault('kept', []).append(linear.weight.detach().clone())\n"
+         "        self.weight = nn.Parameter(linear.weight.detach()[rank * rows:"),),
+     "of tensors, more than 1/3 of its matrices"),
     ("sequence parallelism that still all-reduces", "tp/sequence", (
         ("                 else RowParallelLinear(linear, reduce=reduce_scatter_to_sequence))",
          "                 else RowParallelLinear(linear))"),),

@@ -143,6 +143,10 @@ def run(candidate, setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> torch.T
     dim, heads, seed, sequence = setup
     rank, world = dist.get_rank(), dist.get_world_size()
     sentinel = freeze()
+    # Everything made from here on, wherever it is kept (a module of the library's, say,
+    # which the walk from the block and the learner's code does not enter), is counted
+    # against the rank's share of the weights as well.
+    before_block = live("cpu").bytes
     block = make_block(dim, heads, seed)
     returned = candidate(block)
     if isinstance(returned, torch.nn.Module):
@@ -157,7 +161,8 @@ def run(candidate, setup: tuple, x: torch.Tensor, grad: torch.Tensor) -> torch.T
     if wrong:
         record.mark("invalid", why=wrong)
         return torch.empty(0)
-    record.mark("weights", held=storage_bytes(reachable_buffers(block, candidate)))
+    record.mark("weights", held=max(storage_bytes(reachable_buffers(block, candidate)),
+                                    live("cpu").bytes - before_block))
     if sequence:
         share = x.shape[1] // world
         x, grad = (t[:, rank * share:(rank + 1) * share].contiguous() for t in (x, grad))
