@@ -676,6 +676,7 @@ class _Estimate:
                       if case.dtype not in INTERPRETER_SKIPS]
         self.times: list[float] = []
         self.last = time.monotonic()
+        self.seen_one = False  # a case has begun: the next to begin ends it
 
     def case_begins(self) -> None:
         """Called as each case that runs begins: the one before it has ended."""
@@ -685,8 +686,6 @@ class _Estimate:
             if len(self.times) == 2:
                 self._say()
         self.seen_one, self.last = True, now
-
-    seen_one = False
 
     def _say(self) -> None:
         (t1, t2), (b1, b2) = self.times, self.sizes[:2]

@@ -89,12 +89,9 @@ def _dumps(item: object) -> bytes:
 
     class Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
-            name = _torch_op_name(obj)
-            if name is not None:
-                return torch_op, (name,)
-            space = _torch_classes_name(obj)
-            if space is not None:
-                return torch_classes, (space,)
+            found = _torch_path(obj)
+            if found is not None:
+                return from_torch, found
             return super().reducer_override(obj)
 
     buffer = io.BytesIO()
@@ -102,51 +99,36 @@ def _dumps(item: object) -> bytes:
     return buffer.getvalue()
 
 
-def _torch_op_name(obj: object) -> str | None:
-    """``obj``'s dotted path under ``torch.ops`` ("c10d.allreduce_.default"; "" for
-    ``torch.ops`` itself), or None if it is not one of its namespaces or operators."""
+def _torch_path(obj: object) -> tuple[str, str] | None:
+    """Where ``obj`` is under torch: ("ops", "c10d.allreduce_.default"), ("ops", "") for
+    ``torch.ops`` itself, ("classes", "c10d") for a namespace of ``torch.classes``; None
+    if it is none of its namespaces or operators."""
     torch = sys.modules.get("torch")
-    ops = getattr(torch, "_ops", None)
-    if ops is None:
-        return None
-    if isinstance(obj, ops._Ops):
-        return ""
-    if isinstance(obj, ops._OpNamespace):
-        return obj.name
-    if isinstance(obj, ops.OpOverloadPacket):
-        return obj._qualified_op_name.replace("::", ".")
-    if isinstance(obj, ops.OpOverload):
-        packet = obj.overloadpacket._qualified_op_name.replace("::", ".")
-        return f"{packet}.{obj._overloadname}"
+    ops, classes = getattr(torch, "_ops", None), getattr(torch, "_classes", None)
+    if ops is not None:
+        if isinstance(obj, ops._Ops):
+            return "ops", ""
+        if isinstance(obj, ops._OpNamespace):
+            return "ops", obj.name
+        if isinstance(obj, ops.OpOverloadPacket):
+            return "ops", obj._qualified_op_name.replace("::", ".")
+        if isinstance(obj, ops.OpOverload):
+            packet = obj.overloadpacket._qualified_op_name.replace("::", ".")
+            return "ops", f"{packet}.{obj._overloadname}"
+    if classes is not None:
+        if isinstance(obj, classes._Classes):
+            return "classes", ""
+        if isinstance(obj, classes._ClassNamespace):
+            return "classes", obj.name
     return None
 
 
-def _torch_classes_name(obj: object) -> str | None:
-    """"" for ``torch.classes``, a namespace's name for one of its namespaces (as
-    ``torch.classes.c10d``), else None: like ``torch.ops``, modules no pickle copies."""
-    classes = getattr(sys.modules.get("torch"), "_classes", None)
-    if classes is None:
-        return None
-    if isinstance(obj, classes._Classes):
-        return ""
-    if isinstance(obj, classes._ClassNamespace):
-        return obj.name
-    return None
-
-
-def torch_classes(name: str) -> object:
-    """``torch.classes``, or its namespace ``name``, in this process."""
+def from_torch(root: str, path: str) -> object:
+    """``torch.<root>`` and the dotted ``path`` under it, in this process."""
     import torch
 
-    return getattr(torch.classes, name) if name else torch.classes
-
-
-def torch_op(name: str) -> object:
-    """The namespace or operator of ``torch.ops`` at ``name``, in this process."""
-    import torch
-
-    found: object = torch.ops
-    for part in filter(None, name.split(".")):
+    found: object = getattr(torch, root)
+    for part in filter(None, path.split(".")):
         found = getattr(found, part)
     return found
 
