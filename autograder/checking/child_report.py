@@ -74,12 +74,13 @@ def quoted(message: object) -> str:
     return "\n".join([REPORT_HEAD, *shown])
 
 
-def fail_line(problem_id: str, verdict: str, message: object) -> str:
-    """The verdict line of a check that did not pass, as the grader states it: the verdict
-    and the problem are the grader's, the cause the first line of the report's (a candidate
-    can only hurt itself by writing a wrong one)."""
-    first = message.strip().splitlines()[0] if isinstance(message, str) and message.strip() \
-        else "the check gave no reason"
+def fail_text(problem_id: str, verdict: str, message: object) -> str:
+    """A check that did not pass, as the grader states it: the verdict line's verdict and
+    problem are the grader's, its cause the first line of the report's (a candidate can
+    only hurt itself by writing a wrong one), and the report's next lines follow, up to
+    ``REPORT_LINES``."""
+    lines = message.strip().splitlines() if isinstance(message, str) else []
+    first = lines[0] if lines else "the check gave no reason"
     prefix = f"{verdict} {problem_id}: "
     cause = first[len(prefix):] if first.startswith(prefix) else first
-    return f"{prefix}{cause[:500]}"
+    return "\n".join([f"{prefix}{cause[:500]}", *lines[1:REPORT_LINES]])

@@ -137,9 +137,8 @@ def check_in_child(problem_id: str, function: str, seed: int | None = None,
         if verdict != "PASS":  # a failure needs its explanation
             shown = report["line"] if verdict == "NEEDS A GPU" and not verbose \
                 else report["message"]
-            line = child_report.fail_line(problem_id, verdict, shown)
-            rest = str(shown).strip().splitlines()[1:]
-            return Verdict(EXIT_CODES[verdict], "\n".join([line, *rest[:200]]))
+            return Verdict(EXIT_CODES[verdict],
+                           child_report.fail_text(problem_id, verdict, str(shown)))
         borrowed = grader_calls.cause(report.get("grader_calls"))
         if borrowed:  # in its own report, whatever verdict came with it
             return Verdict(EXIT_FAIL, f"FAIL {problem_id}: {borrowed} (inputs seed {seed})")

@@ -131,8 +131,8 @@ def _judge(exercise: Exercise, rec: dict, outputs: Path, seconds: float, seed: i
                      "the check ran on inputs other than the grader's", seconds)
     if verdict != "PASS":  # the cause is the record's word: a learner only hurts itself
         return Grade(exercise.problem_id, exercise.cell_id, verdict,
-                     "\n".join([child_report.fail_line(exercise.problem_id, verdict, message),
-                                *message.strip().splitlines()[1:200]]), seconds, performance)
+                     child_report.fail_text(exercise.problem_id, verdict, message), seconds,
+                     performance)
     try:
         spec = problems.get(exercise.problem_id)
     except KeyError:
